@@ -1,0 +1,47 @@
+"""Shared test setup: the public conformance suite and an isolated Airflow home.
+
+The conformance suite is read from ``../shared/conformance`` relative to the project root (override with
+``BABELQUEUE_CONFORMANCE``). Airflow gets a throwaway ``AIRFLOW_HOME`` unless ``make test`` set one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="babelqueue-airflow-"))
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFORMANCE = Path(os.environ.get("BABELQUEUE_CONFORMANCE", ROOT.parent / "shared" / "conformance"))
+
+
+def conformance_manifest() -> dict[str, Any]:
+    path = CONFORMANCE / "manifest.json"
+    if not path.is_file():
+        pytest.fail(f"conformance suite not found at {path}; set BABELQUEUE_CONFORMANCE to its folder")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def fixture_bytes(relative: str) -> bytes:
+    """A conformance fixture's file content, exactly as stored."""
+    return (CONFORMANCE / relative).read_bytes()
+
+
+def fixture_dict(relative: str) -> dict[str, Any]:
+    return json.loads(fixture_bytes(relative))
+
+
+def compact(value: Any) -> bytes:
+    """The compact form every SDK writes: what a fixture looks like on the wire."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+@pytest.fixture(scope="session")
+def manifest() -> dict[str, Any]:
+    return conformance_manifest()
