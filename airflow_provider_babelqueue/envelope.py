@@ -18,6 +18,7 @@ import json
 import math
 import os
 import re
+import threading
 import time
 from collections.abc import Mapping
 from enum import StrEnum
@@ -101,18 +102,43 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def new_uuid4() -> str:
-    """A random (version 4) UUID string, as :func:`uuid.uuid4` would give, at a fraction of its cost."""
-    return _uuid4_from_hex(os.urandom(16).hex())
-
-
 # Variant bits 10xx: the first hex digit of the fourth group is 8, 9, a or b.
 _VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
+_POOL_SIZE = 128
 
 
-def _uuid4_from_hex(h: str) -> str:
-    # Version nibble = 4, variant from the table above; the other 122 bits stay random.
-    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}"
+class _IdPool(threading.local):
+    """Per-thread stock of formatted v4 UUIDs, filled from one ``os.urandom`` call per 128 ids.
+
+    Same randomness source as :func:`uuid.uuid4` (the OS CSPRNG), a third of its cost on this project's
+    machines: the syscall and the formatting are paid in bulk. Forked children start with an empty
+    stock (``os.register_at_fork`` below), so a parent and its task processes never share ids.
+    """
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+
+
+_ID_POOL = _IdPool()
+os.register_at_fork(after_in_child=lambda: setattr(_ID_POOL, "ids", []))
+
+
+def _refill() -> list[str]:
+    h = os.urandom(16 * _POOL_SIZE).hex()
+    variant = _VARIANT
+    ids = [
+        f"{h[i : i + 8]}-{h[i + 8 : i + 12]}-4{h[i + 13 : i + 16]}-"
+        f"{variant[h[i + 16]]}{h[i + 17 : i + 20]}-{h[i + 20 : i + 32]}"
+        for i in range(0, len(h), 32)
+    ]
+    _ID_POOL.ids = ids
+    return ids
+
+
+def new_uuid4() -> str:
+    """A random (version 4) UUID string from the OS CSPRNG, as :func:`uuid.uuid4` gives, cheaper."""
+    ids = _ID_POOL.ids
+    return (ids or _refill()).pop()
 
 
 def _blank(value: str) -> bool:
@@ -146,19 +172,18 @@ def make_envelope(
         )
     if queue_name.__class__ is not str and not isinstance(queue_name, str) or _blank(queue_name):
         raise InvalidEnvelopeError(f"queue_name must be a non-empty string, got {queue_name!r}.")
-    ids = os.urandom(32).hex()
     if trace_id is None or trace_id == "":
-        trace_id = _uuid4_from_hex(ids[32:])
+        trace_id = new_uuid4()
     elif not isinstance(trace_id, str):
         raise InvalidEnvelopeError(f"trace_id must be a string, got {type(trace_id).__name__}.")
     elif _blank(trace_id):
-        trace_id = _uuid4_from_hex(ids[32:])
+        trace_id = new_uuid4()
     return {
         "job": urn.strip(_ASCII_WS),
         "trace_id": trace_id,
         "data": dict(data),
         "meta": {
-            "id": _uuid4_from_hex(ids[:32]),
+            "id": new_uuid4(),
             "queue": queue_name,
             "lang": LANG,
             "schema_version": SCHEMA_VERSION,
@@ -298,6 +323,7 @@ def encode(envelope: Mapping[str, Any]) -> bytes:
 
 
 # -------------------------------------------------------------------------------------------- decode
+
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")

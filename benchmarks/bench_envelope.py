@@ -37,9 +37,17 @@ def rich_payloads(n: int, seed: int = 7) -> list[dict]:
         out.append(
             {
                 "order_id": 100000 + i,
-                "customer": {"id": rng.randrange(10**9), "city": rng.choice(cities), "vip": rng.random() < 0.1},
+                "customer": {
+                    "id": rng.randrange(10**9),
+                    "city": rng.choice(cities),
+                    "vip": rng.random() < 0.1,
+                },
                 "items": [
-                    {"sku": f"SKU-{rng.randrange(10**6):06d}", "qty": rng.randrange(1, 5), "price": round(rng.uniform(1, 500), 2)}
+                    {
+                        "sku": f"SKU-{rng.randrange(10**6):06d}",
+                        "qty": rng.randrange(1, 5),
+                        "price": round(rng.uniform(1, 500), 2),
+                    }
                     for _ in range(rng.randrange(1, 4))
                 ],
                 "currency": "EUR",
@@ -72,8 +80,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--profile", choices=["small", "rich", "both"], default="both")
     args = parser.parse_args(argv)
-    print(f"envelope codec, {args.n:,} envelopes per profile, best of {args.rounds}; "
-          f"python {platform.python_version()}")
+    print(
+        f"envelope codec, {args.n:,} envelopes per profile, best of {args.rounds}; python {platform.python_version()}"
+    )
     print(f"{'profile':<8} {'workload':<14} {'ours msg/s':>14} {'sdk msg/s':>14} {'ratio':>8}")
     results = {}
     for profile in ("small", "rich") if args.profile == "both" else (args.profile,):

@@ -32,8 +32,9 @@ def envelopes(draw: st.DrawFn) -> dict[str, Any]:
         trace_id=draw(st.none() | st.uuids().map(str)),
     )
     env["attempts"] = draw(st.integers(min_value=0, max_value=50))
-    extra = draw(st.dictionaries(TEXT.filter(lambda k: k not in bq.TOP_LEVEL_KEYS + ("dead_letter",)), JSON,
-                                 max_size=2))
+    extra = draw(
+        st.dictionaries(TEXT.filter(lambda k: k not in bq.TOP_LEVEL_KEYS + ("dead_letter",)), JSON, max_size=2)
+    )
     env.update(extra)
     if draw(st.booleans()):
         env = bq.annotate_dead_letter(

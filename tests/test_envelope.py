@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import datetime
 import math
+import os
+import threading
 import time
 import uuid
 
@@ -26,6 +28,17 @@ ORDER_BYTES = (
     b'"data":{"order_id":1042},"meta":{"id":"f1e2d3c4-b5a6-4789-90ab-cdef01234567","queue":"orders",'
     b'"lang":"php","schema_version":1,"created_at":1749132727000},"attempts":0}'
 )
+
+
+# The reason codes in the order check() tests them (the contract's order).
+VALIDATION_ORDER = [
+    "missing_urn",
+    "missing_meta",
+    "unsupported_schema_version",
+    "invalid_data",
+    "missing_trace_id",
+    "invalid_attempts",
+]
 
 
 def order() -> dict:
@@ -71,6 +84,36 @@ def test_uuids_are_v4_across_many_draws() -> None:
     assert len(set(ids)) == 2000
     # every variant digit shows up: the variant bits are not stuck
     assert {i[19] for i in ids} == set("89ab")
+
+
+def test_forked_children_never_repeat_the_parents_ids() -> None:
+    bq.new_uuid4()  # the parent now holds a stock of ids a careless child would share
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        os.close(read_end)
+        os.write(write_end, "\n".join(bq.new_uuid4() for _ in range(50)).encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        child_ids = set(pipe.read().split())
+    os.waitpid(pid, 0)
+    parent_ids = {bq.new_uuid4() for _ in range(50)}
+    assert len(child_ids) == 50 and not child_ids & parent_ids
+
+
+def test_threads_never_share_ids() -> None:
+    results: list[list[str]] = [[] for _ in range(4)]
+
+    def draw(slot: list[str]) -> None:
+        slot.extend(bq.new_uuid4() for _ in range(3000))
+
+    threads = [threading.Thread(target=draw, args=(slot,)) for slot in results]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({i for slot in results for i in slot}) == 12000
 
 
 def test_trace_id_is_continued_verbatim() -> None:
@@ -119,7 +162,10 @@ def test_encode_leaves_non_ascii_and_slashes_unescaped() -> None:
     env = order()
     env["data"] = {"url": "https://shop.example/a/b", "title": "Café — naïve ☕", "emoji": "😀", "nl": "a\nb"}
     body = bq.encode(env)
-    assert b'"data":{"url":"https://shop.example/a/b","title":"Caf\xc3\xa9 \xe2\x80\x94 na\xc3\xafve \xe2\x98\x95",' in body
+    assert (
+        b'"data":{"url":"https://shop.example/a/b","title":"Caf\xc3\xa9 \xe2\x80\x94 na\xc3\xafve \xe2\x98\x95",'
+        in body
+    )
     assert b'"emoji":"\xf0\x9f\x98\x80","nl":"a\\nb"}' in body
 
 
@@ -127,8 +173,16 @@ def test_encode_writes_canonical_order_and_keeps_unknown_keys() -> None:
     env = {
         "x-custom": {"k": 1},
         "attempts": 2,
-        "dead_letter": {"lang": "go", "attempts": 2, "reason": "failed", "original_queue": "q",
-                        "failed_at": 5, "exception": None, "error": "boom", "extra": True},
+        "dead_letter": {
+            "lang": "go",
+            "attempts": 2,
+            "reason": "failed",
+            "original_queue": "q",
+            "failed_at": 5,
+            "exception": None,
+            "error": "boom",
+            "extra": True,
+        },
         "meta": {"created_at": 7, "ext": "v", "schema_version": 1, "lang": "go", "queue": "q", "id": "m"},
         "data": {"z": 1, "a": 2},
         "trace_id": "t",
@@ -168,7 +222,9 @@ def test_encode_keeps_the_urn_alias_where_job_would_be() -> None:
 def test_encode_numbers_like_python_repr(value: float, expected: bytes) -> None:
     env = order()
     env["data"] = {"v": value, "n": None}
-    assert bq.encode(env).endswith(b'"data":{"v":' + expected + b',"n":null},' + ORDER_BYTES[ORDER_BYTES.index(b'"meta"'):])
+    assert bq.encode(env).endswith(
+        b'"data":{"v":' + expected + b',"n":null},' + ORDER_BYTES[ORDER_BYTES.index(b'"meta"') :]
+    )
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
@@ -288,10 +344,7 @@ def test_check_reason_order() -> None:
     assert bq.check({"job": "u", "meta": {"schema_version": 1}, "data": {}}) == "missing_trace_id"
     assert bq.check({"job": "u", "meta": {"schema_version": 1}, "data": {}, "trace_id": "t"}) == "invalid_attempts"
     assert bq.check({"job": "u", "meta": {"schema_version": 1}, "data": {}, "trace_id": "t", "attempts": 0}) is None
-    assert list(bq.VALIDATION_REASONS) == [
-        "missing_urn", "missing_meta", "unsupported_schema_version", "invalid_data", "missing_trace_id",
-        "invalid_attempts",
-    ]
+    assert list(bq.VALIDATION_REASONS) == VALIDATION_ORDER
 
 
 @pytest.mark.parametrize(
@@ -363,10 +416,7 @@ def test_accepts_and_helpers() -> None:
 
 def test_reason_members_are_plain_strings() -> None:
     assert bq.Reason.FAILED == "failed" and bq.Reason.UNKNOWN_URN == "unknown_urn" and bq.Reason.POISON == "poison"
-    assert {r.value for r in bq.Reason} == {
-        "missing_urn", "missing_meta", "unsupported_schema_version", "invalid_data", "missing_trace_id",
-        "invalid_attempts", "failed", "unknown_urn", "poison",
-    }
+    assert [r.value for r in bq.Reason] == [*VALIDATION_ORDER, "failed", "unknown_urn", "poison"]
 
 
 # ------------------------------------------------------------------------------ dead letter / replay
@@ -377,8 +427,13 @@ def test_annotate_dead_letter_exact_bytes_and_no_mutation() -> None:
     env["attempts"] = 3
     snapshot = copy.deepcopy(env)
     dead = bq.annotate_dead_letter(
-        env, bq.Reason.FAILED, original_queue="orders", attempts=3, error="Payment gateway timeout",
-        exception="GatewayTimeout", failed_at=1749132730000,
+        env,
+        bq.Reason.FAILED,
+        original_queue="orders",
+        attempts=3,
+        error="Payment gateway timeout",
+        exception="GatewayTimeout",
+        failed_at=1749132730000,
     )
     assert env == snapshot
     assert bq.encode(dead) == ORDER_BYTES.replace(b'"attempts":0}', b'"attempts":3,') + (

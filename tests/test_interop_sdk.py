@@ -66,7 +66,12 @@ def test_dead_letter_block_matches_the_sdk() -> None:
     env = fixture_dict("fixtures/order-created.json")
     theirs = sdk_dead_letter.annotate(env, "failed", "orders", 3, error="boom", exception="ValueError")
     ours = bq.annotate_dead_letter(
-        env, bq.Reason.FAILED, original_queue="orders", attempts=3, error="boom", exception="ValueError",
+        env,
+        bq.Reason.FAILED,
+        original_queue="orders",
+        attempts=3,
+        error="boom",
+        exception="ValueError",
         failed_at=theirs["dead_letter"]["failed_at"],
     )
     assert list(ours["dead_letter"]) == list(theirs["dead_letter"])

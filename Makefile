@@ -1,0 +1,30 @@
+# The two commands: `make demo` and `make test`. Everything else is a helper they use.
+.PHONY: demo test bench bootstrap services lock lint clean
+
+CONFORMANCE ?= ../shared/conformance
+
+demo: bootstrap
+	.venv/bin/python -m airflow_provider_babelqueue.verdicts $(CONFORMANCE)
+
+test:
+	bash .ci/test.sh
+
+bench: bootstrap
+	.venv/bin/python benchmarks/run.py
+
+bootstrap:
+	bash .ci/bootstrap.sh
+
+services:
+	bash .ci/services.sh
+
+lint: bootstrap
+	.venv/bin/ruff check airflow_provider_babelqueue tests benchmarks dags
+
+# Re-pin requirements/ci.lock after changing dependencies in pyproject.toml.
+lock: bootstrap
+	.venv/bin/uv pip compile pyproject.toml --extra all --group test --excludes requirements/excludes.txt \
+		--python-version 3.11 -o requirements/ci.lock
+
+clean:
+	rm -rf .venv .pytest_cache .hypothesis .ruff_cache
