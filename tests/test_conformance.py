@@ -108,7 +108,7 @@ BLOCK_OWNERS = {
     "cases": "tests/test_conformance.py",
     "idempotency": "tests/test_conformance.py",
     "payload_schema": "tests/test_conformance.py",
-    "redis": "pending: Redis binding (issue 3)",
+    "redis": "tests/bindings/test_redis_binding.py (payload identity against the real server)",
     "rabbitmq": "pending: RabbitMQ binding (issue 4)",
     "sqs": "pending: SQS binding (issue 5)",
     "asb": "pending: Azure Service Bus binding (issue 6)",

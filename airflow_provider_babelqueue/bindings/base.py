@@ -1,0 +1,233 @@
+"""The binding protocol: what every broker binding does, and the pure helpers they share.
+
+A binding moves encoded envelopes (bytes) in and out of one broker. It never imports Airflow. It takes a
+typed frozen config and an optional injected client (the test seam), and imports its broker client lazily
+so a missing extra produces an error naming the extra to install.
+
+Semantics every binding honours (the contract suite in ``tests/bindings`` checks them on each one):
+
+* ``publish`` stores the body byte for byte; ``publish_batch`` uses the broker's native batch.
+* ``reserve`` is at-least-once: the message stays recoverable until ``ack``; a consumer that dies
+  before acking does not lose it (it comes back after the binding's visibility timeout).
+* ``release`` sends the message back for a retry with ``attempts`` one higher.
+* ``dead_letter`` writes the annotated envelope to the dead-letter queue (an undecodable body goes
+  there byte for byte), then removes the original.
+* ``depth`` / ``dead_letter_depth`` are cheap counts of messages ready for delivery.
+* ``reserve_dead_letter`` + ``ack`` drain the DLQ; ``browse_dead_letters`` reads it without removing
+  anything where the broker allows it.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import envelope as bq
+from ..exceptions import BabelQueueError, EnvelopeDecodeError, EnvelopeEncodeError
+
+__all__ = [
+    "Binding",
+    "BindingError",
+    "MissingExtraError",
+    "NotSupportedError",
+    "PublishBatchError",
+    "ReceivedMessage",
+    "bumped_body",
+    "dead_letter_body",
+    "parse_body",
+    "require_extra",
+]
+
+
+class BindingError(BabelQueueError):
+    """A broker operation failed; the message says which queue and what to check."""
+
+
+class NotSupportedError(BindingError):
+    """The broker cannot do this (e.g. a non-destructive browse of its dead-letter queue)."""
+
+
+class MissingExtraError(BindingError, ImportError):
+    """The broker's client library is not installed; the message names the extra to install."""
+
+
+class PublishBatchError(BindingError):
+    """Part of a batch was not delivered.
+
+    :ivar failed: indexes (into the batch) of the bodies that were not delivered; everything else was.
+    """
+
+    def __init__(self, message: str, failed: Sequence[int]) -> None:
+        super().__init__(message)
+        self.failed = list(failed)
+
+
+def require_extra(module: str, extra: str) -> Any:
+    """Import a broker client lazily, or say which extra installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingExtraError(
+            f"{module} is not installed; install it with: pip install 'airflow-provider-babelqueue[{extra}]'"
+        ) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedMessage:
+    """One delivery.
+
+    :ivar body: the raw bytes exactly as stored; forward these, never a re-encoding.
+    :ivar queue_name: the logical queue it was reserved from (for a DLQ read, the queue whose DLQ it is).
+    :ivar envelope: the decoded envelope, or ``None`` when the body is not decodable.
+    :ivar decode_error: why the body is not decodable (then it is poison), else ``None``.
+    :ivar attempts: the reconciled delivery count (body ``attempts`` and the broker's native count).
+    :ivar delivery_count: the broker's native delivery count, where it has one.
+    :ivar headers: broker headers / properties (empty where the broker carries none).
+    :ivar receipt: the binding's handle for ack/release/dead_letter; opaque to callers.
+    :ivar from_dead_letter: whether it was read from the dead-letter queue.
+    """
+
+    body: bytes
+    queue_name: str
+    envelope: dict[str, Any] | None
+    decode_error: str | None
+    attempts: int
+    delivery_count: int | None = None
+    headers: Mapping[str, Any] = field(default_factory=dict)
+    receipt: Any = None
+    from_dead_letter: bool = False
+
+    @property
+    def meta_id(self) -> str:
+        return bq.meta_id_of(self.envelope) if self.envelope is not None else ""
+
+    @property
+    def urn(self) -> str:
+        return bq.urn_of(self.envelope) if self.envelope is not None else ""
+
+
+def parse_body(body: bytes) -> tuple[dict[str, Any] | None, str | None, int]:
+    """``(envelope, decode_error, body_attempts)`` for a raw body; attempts is 0 when unusable."""
+    try:
+        env = bq.decode(body)
+    except EnvelopeDecodeError as exc:
+        return None, str(exc), 0
+    attempts = env.get("attempts")
+    return env, None, attempts if attempts.__class__ is int and attempts >= 0 else 0
+
+
+def bumped_body(message: ReceivedMessage) -> bytes:
+    """The body to re-deliver on a release: ``attempts`` = reconciled attempts + 1.
+
+    An undecodable body, or one that cannot be re-encoded, goes back unchanged (bytes are never lost).
+    """
+    if message.envelope is None:
+        return message.body
+    try:
+        env = bq.decode(message.body, exact=True)
+        env["attempts"] = message.attempts + 1
+        return bq.encode(env)
+    except (EnvelopeDecodeError, EnvelopeEncodeError):
+        return message.body
+
+
+def dead_letter_body(
+    message: ReceivedMessage, reason: str, *, error: str | None = None, exception: str | None = None
+) -> bytes:
+    """The body to store in the DLQ: the envelope with its ``dead_letter`` block.
+
+    An undecodable body (poison) is stored byte for byte: there is no envelope to annotate, and the raw
+    bytes are the evidence triage needs. The same holds for a body that cannot be re-encoded.
+    """
+    if message.envelope is None:
+        return message.body
+    try:
+        env = bq.decode(message.body, exact=True)
+        annotated = bq.annotate_dead_letter(
+            env,
+            reason,
+            original_queue=message.queue_name,
+            attempts=message.attempts,
+            error=error,
+            exception=exception,
+        )
+        return bq.encode(annotated)
+    except (EnvelopeDecodeError, EnvelopeEncodeError):
+        return message.body
+
+
+class Binding(abc.ABC):
+    """Base class of every broker binding. Subclasses set :attr:`name` and implement the operations."""
+
+    #: Short broker name used in records and logs ("memory", "sql", "redis", ...).
+    name: str = ""
+    #: Whether ``publish(headers=...)`` reaches consumers; bindings that cannot carry headers ignore them.
+    carries_headers: bool = False
+    #: Whether :meth:`browse_dead_letters` works.
+    can_browse: bool = False
+
+    @abc.abstractmethod
+    def publish(
+        self, body: bytes, queue_name: str, *, headers: Mapping[str, Any] | None = None, delay: float = 0
+    ) -> None:
+        """Store one encoded envelope; ``delay`` seconds before it becomes visible."""
+
+    @abc.abstractmethod
+    def publish_batch(self, bodies: Sequence[bytes], queue_name: str) -> None:
+        """Store many bodies with the broker's native batching; raises :class:`PublishBatchError`
+        naming the bodies that were not delivered."""
+
+    @abc.abstractmethod
+    def reserve(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
+        """Take the next ready message, waiting up to ``timeout`` seconds; ``None`` when there is none."""
+
+    @abc.abstractmethod
+    def ack(self, message: ReceivedMessage) -> None:
+        """Remove a reserved message for good (also for messages reserved from the DLQ)."""
+
+    @abc.abstractmethod
+    def release(self, message: ReceivedMessage, delay: float = 0) -> None:
+        """Return a reserved message for another attempt (attempts + 1), visible after ``delay`` s."""
+
+    @abc.abstractmethod
+    def dead_letter(
+        self, message: ReceivedMessage, reason: str, *, error: str | None = None, exception: str | None = None
+    ) -> None:
+        """Move a reserved message to the DLQ with its ``dead_letter`` block, then remove it."""
+
+    @abc.abstractmethod
+    def depth(self, queue_name: str) -> int:
+        """Messages ready for delivery (not reserved, not delayed)."""
+
+    @abc.abstractmethod
+    def dead_letter_depth(self, queue_name: str) -> int:
+        """Messages in the queue's DLQ."""
+
+    @abc.abstractmethod
+    def reserve_dead_letter(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
+        """Take the next message from the queue's DLQ (for a drain); ack it once its copy is durable."""
+
+    def browse_dead_letters(self, queue_name: str, limit: int = 100) -> list[ReceivedMessage]:
+        """Read up to ``limit`` DLQ messages without removing them."""
+        raise NotSupportedError(f"the {self.name} binding cannot browse a dead-letter queue without removing")
+
+    def ping(self) -> None:
+        """Reach the broker once (used by hooks' ``test_connection``); raises :class:`BindingError`."""
+        self.depth("babelqueue-ping")
+
+    def dead_letter_name(self, queue_name: str) -> str:
+        """Where this binding keeps the queue's dead letters (a key, queue or table name)."""
+        return f"{queue_name}:failed"
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release broker connections this binding created (injected clients are left open)."""
+
+    def __enter__(self) -> Binding:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,384 @@
+"""Redis binding: the reliable-queue list pattern, in the official SDKs' legacy key layout.
+
+Keys of queue ``q`` (``P`` = :attr:`RedisConfig.key_prefix`, empty by default as in the SDKs): ready list
+``Pq`` (RPUSH of the envelope bytes, no wrapping); ``Pq:processing`` (reserved elements, moved by
+LMOVE/BLMOVE so a crash before the ack loses nothing); ``Pq:processing:deadlines`` (one member
+``<32-hex token>:<raw value>`` per reservation, score = deadline: the SDK's format, so either side's sweep
+returns the other's abandoned reservations and a settle touches only its own); ``Pq:delayed`` (members
+``<token>:<raw>``, score = due time; other SDKs never see them early); DLQ ``Pq<dead_letter_suffix>``,
+with its own ``:processing`` list and deadline set for drains.
+
+Scores are fractional epoch seconds from the server's ``TIME``, read inside Lua, so worker clock skew cannot
+expire a reservation early (the SDK uses its own clock, in whole seconds). Every multi-key step is one Lua
+script, except a blocking reserve: BLMOVE waits, then a script registers the deadline. An element left
+without a member by a consumer that died in that gap is *adopted* (all-zero token, due one visibility timeout
+later) by the next maintenance pass, and swept back like any other. A queue's keys must share one node
+(Redis Cluster only with a hash tag such as ``{orders}``). Needs Redis >= 6.2.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from .base import (
+    Binding,
+    BindingError,
+    PublishBatchError,
+    ReceivedMessage,
+    bumped_body,
+    dead_letter_body,
+    parse_body,
+    require_extra,
+)
+
+__all__ = ["RedisBinding", "RedisConfig"]
+
+logger = logging.getLogger(__name__)
+
+#: Longest single BLMOVE wait: maintenance (due delayed items, expired reservations) runs at least this often.
+_BLOCK_SLICE = 1.0
+#: Bodies per RPUSH in publish_batch.
+_CHUNK = 1000
+#: Most delayed items / expired reservations one maintenance pass moves (bounds the script's run time).
+_SWEEP_BATCH = 1000
+#: Token of the deadline member given to an orphaned processing element (see the module docstring).
+_ADOPTED = "0" * 32
+
+# Shared prelude: server time, score formatting, and the raw value of a '<32-hex token>:<raw>' member.
+_LUA_HEAD = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local function score(x) return string.format('%.6f', x) end
+local function raw_of(m)
+  if #m >= 33 and string.byte(m, 33) == 58 and string.find(string.sub(m, 1, 32), '^%x+$') then
+    return string.sub(m, 34)
+  end
+end
+"""
+
+# KEYS: ready, processing, deadlines[, delayed]. ARGV: visibility timeout, token ('' = maintain only and
+# return LLEN ready), batch. Promotes due delayed items, requeues expired reservations, adopts orphans,
+# then moves the head to processing with its deadline member and returns the raw value (false if empty).
+_RESERVE = _LUA_HEAD + """
+local vt, batch = tonumber(ARGV[1]), tonumber(ARGV[3])
+if KEYS[4] then
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', score(now), 'LIMIT', 0, batch)) do
+    redis.call('RPUSH', KEYS[1], raw_of(m) or m)
+    redis.call('ZREM', KEYS[4], m)
+  end
+end
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', score(now), 'LIMIT', 0, batch)) do
+  local raw = raw_of(m)
+  if raw and redis.call('LREM', KEYS[2], 1, raw) == 1 then redis.call('RPUSH', KEYS[1], raw) end
+  redis.call('ZREM', KEYS[3], m)
+end
+if redis.call('LLEN', KEYS[2]) > redis.call('ZCARD', KEYS[3]) then
+  local have = {}
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
+    local raw = raw_of(m); if raw then have[raw] = (have[raw] or 0) + 1 end
+  end
+  for _, raw in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+    if (have[raw] or 0) > 0 then have[raw] = have[raw] - 1
+    else redis.call('ZADD', KEYS[3], 'NX', score(now + vt), '""" + _ADOPTED + """:' .. raw) end
+  end
+end
+if ARGV[2] == '' then return redis.call('LLEN', KEYS[1]) end
+local raw = redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
+if not raw then return false end
+redis.call('ZADD', KEYS[3], score(now + vt), ARGV[2] .. ':' .. raw)
+return raw
+"""
+
+# KEYS: processing, deadlines. ARGV: token, raw, visibility timeout. Registers a BLMOVE'd element in place
+# of any adopted member; 0 when it is no longer in processing (reclaimed meanwhile: back on the ready list).
+_CLAIM = _LUA_HEAD + """
+if not redis.call('LPOS', KEYS[1], ARGV[2]) then return 0 end
+redis.call('ZREM', KEYS[2], '""" + _ADOPTED + """:' .. ARGV[2])
+redis.call('ZADD', KEYS[2], score(now + tonumber(ARGV[3])), ARGV[1] .. ':' .. ARGV[2])
+return 1
+"""
+
+# KEYS: processing, deadlines[, target]. ARGV: token, raw, body, delay, new token. Acts only while this
+# reservation's own member exists; then RPUSHes body to the target list, or ZADDs it to the delayed set.
+# An empty token skips the reservation part (a delayed publish).
+_SETTLE = _LUA_HEAD + """
+if ARGV[1] ~= '' then
+  if redis.call('ZREM', KEYS[2], ARGV[1] .. ':' .. ARGV[2]) == 0 then return 0 end
+  redis.call('LREM', KEYS[1], 1, ARGV[2])
+end
+if KEYS[3] then
+  local delay = tonumber(ARGV[4])
+  if delay > 0 then redis.call('ZADD', KEYS[3], score(now + delay), ARGV[5] .. ':' .. ARGV[3])
+  else redis.call('RPUSH', KEYS[3], ARGV[3]) end
+end
+return 1
+"""
+
+_URL_PARAMS: dict[str, Any] = {
+    "db": int, "ssl_ca_certs": str, "key_prefix": str, "dead_letter_suffix": str, "visibility_timeout": float,
+    "socket_timeout": lambda text: None if text.lower() in ("", "none", "null") else float(text),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RedisConfig:
+    """Where the Redis server is and how queues map onto its keys.
+
+    :param host: server host (and ``port``); named in errors so a failing worker says where it tried.
+    :param db: logical database; every SDK sharing the queues must use the same one.
+    :param username: ACL user (Redis 6+); ``None`` for the default user.
+    :param password: never printed: excluded from ``repr`` and from every error message.
+    :param ssl: use TLS (``rediss://``), as managed Redis services require.
+    :param ssl_ca_certs: CA bundle for a server certificate the system store does not trust.
+    :param key_prefix: prepended to every key, to isolate environments sharing one server. Keep it empty to
+        share queues with the official SDKs' legacy layout, which uses bare queue names.
+    :param dead_letter_suffix: the DLQ list is ``<prefix><queue><suffix>``; ``".dlq"`` shares dead letters
+        with official SDK apps.
+    :param visibility_timeout: seconds a reservation may stay unsettled before it is delivered again; it must
+        exceed the longest handler run, or a slow message is processed twice.
+    :param socket_timeout: seconds to wait for a reply, so a half-open connection cannot hang a worker.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 6379
+    db: int = 0
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    ssl: bool = False
+    ssl_ca_certs: str | None = None
+    key_prefix: str = ""
+    dead_letter_suffix: str = ":failed"
+    visibility_timeout: float = 300.0
+    socket_timeout: float | None = 10.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.visibility_timeout) and self.visibility_timeout > 0):
+            raise ValueError(f"visibility_timeout must be a positive number of seconds, got {self.visibility_timeout}")
+        if not self.dead_letter_suffix:
+            raise ValueError("dead_letter_suffix must not be empty: the DLQ would be the queue itself")
+
+    @classmethod
+    def from_url(cls, url: str, **overrides: Any) -> RedisConfig:
+        """A config from ``redis[s]://[user:password@]host[:port][/db][?key_prefix=...&...]``.
+
+        :param url: ``rediss://`` turns TLS on. Query parameters may set ``db``, ``ssl_ca_certs``,
+            ``key_prefix``, ``dead_letter_suffix``, ``visibility_timeout`` and ``socket_timeout``; unknown ones
+            are rejected so a typo does not silently fall back to a default.
+        :param overrides: field values that win over the URL (e.g. an Airflow connection's extras).
+        """
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss"):
+            raise ValueError(f"expected a redis:// or rediss:// URL, got scheme {parts.scheme!r}")
+        values: dict[str, Any] = {"host": parts.hostname or "127.0.0.1", "port": parts.port or 6379,
+                                  "ssl": parts.scheme == "rediss"}
+        if parts.username:
+            values["username"] = unquote(parts.username)
+        if parts.password:
+            values["password"] = unquote(parts.password)
+        if parts.path.strip("/"):
+            values["db"] = int(parts.path.strip("/"))
+        for key, items in parse_qs(parts.query, keep_blank_values=True).items():
+            if key not in _URL_PARAMS:
+                raise ValueError(f"unknown Redis URL parameter {key!r}; known: {', '.join(sorted(_URL_PARAMS))}")
+            values[key] = _URL_PARAMS[key](items[-1])
+        return cls(**{**values, **overrides})
+
+
+@dataclass(frozen=True, slots=True)
+class _Receipt:
+    """One reservation: its token and the exact stored value, so a settle removes exactly it."""
+
+    token: str
+    raw: bytes
+    processing: str
+
+
+class RedisBinding(Binding):
+    """Queues as Redis lists in the official SDKs' legacy layout (see the module docstring)."""
+
+    name = "redis"
+    can_browse = True
+    carries_headers = False
+
+    def __init__(self, config: RedisConfig, client: Any = None) -> None:
+        """:param config: server and key layout.
+        :param client: a ready ``redis.Redis`` (the test seam, or to share a pool); it must return bytes
+            (``decode_responses=False``) so bodies stay byte-exact. :meth:`close` leaves it open.
+        """
+        self.config = config
+        self._redis = require_extra("redis", "redis")
+        self._owns_client = client is None
+        if client is None:  # building a client does not connect; the first command does
+            backoff = self._redis.backoff.ExponentialWithJitterBackoff(base=0.05, cap=1.0)
+            client = self._redis.Redis(
+                host=config.host, port=config.port, db=config.db, username=config.username,
+                password=config.password, ssl=config.ssl, ssl_ca_certs=config.ssl_ca_certs,
+                socket_timeout=config.socket_timeout, socket_connect_timeout=config.socket_timeout,
+                # A few quick retries ride out a blip; every script is safe to repeat (at-least-once).
+                retry=self._redis.retry.Retry(backoff, 3),
+            )
+        self.client = client
+        self._reserve_script = client.register_script(_RESERVE)
+        self._claim_script = client.register_script(_CLAIM)
+        self._settle_script = client.register_script(_SETTLE)
+
+    def _key(self, queue_name: str) -> str:
+        return f"{self.config.key_prefix}{queue_name}"
+
+    def dead_letter_name(self, queue_name: str) -> str:
+        return f"{self.config.key_prefix}{queue_name}{self.config.dead_letter_suffix}"
+
+    @staticmethod
+    def _keys(source: str, dead: bool) -> list[str]:
+        """A list's script keys: itself, its processing list, deadline set and (not for a DLQ) delayed set."""
+        keys = [source, f"{source}:processing", f"{source}:processing:deadlines", f"{source}:delayed"]
+        return keys[:3] if dead else keys
+
+    @contextmanager
+    def _guard(self, action: str, key: str) -> Iterator[None]:
+        """Turn a redis-py error into a :class:`BindingError` that says where and what to check."""
+        try:
+            yield
+        except self._redis.exceptions.RedisError as exc:
+            errors, text = self._redis.exceptions, str(exc)
+            if self.config.password:
+                text = text.replace(self.config.password, "***")
+            if isinstance(exc, errors.AuthenticationError) or "NOAUTH" in text or "WRONGPASS" in text:
+                hint = "authentication failed; check the username and password"
+            elif isinstance(exc, errors.ConnectionError | errors.TimeoutError):
+                hint = (f"cannot reach the server; check that Redis runs there, that the port is reachable from "
+                        f"this worker and that TLS is {'on' if self.config.ssl else 'off'} on the server too")
+            elif "WRONGTYPE" in text:
+                hint = "a key of this queue holds another data type; use another queue name or key_prefix"
+            else:
+                hint = "the server refused the command (needs Redis >= 6.2; an ACL user needs list/zset/script rights)"
+            where = f"{self.config.host}:{self.config.port}/{self.config.db}"
+            message = f"Redis {where}: {action} on {key!r} failed: {hint} ({type(exc).__name__}: {text})"
+            raise BindingError(message) from exc
+
+    @staticmethod
+    def _parsed(raw: bytes, queue_name: str, dead: bool, receipt: _Receipt | None = None) -> ReceivedMessage:
+        envelope, error, attempts = parse_body(raw)
+        return ReceivedMessage(
+            body=raw, queue_name=queue_name, envelope=envelope, decode_error=error, attempts=attempts,
+            delivery_count=None, headers={}, receipt=receipt, from_dead_letter=dead,
+        )
+
+    def _length(self, source: str, dead: bool) -> int:
+        with self._guard("count", source):  # the reserve script's maintenance, then LLEN
+            args = [repr(float(self.config.visibility_timeout)), "", _SWEEP_BATCH]
+            return int(self._reserve_script(keys=self._keys(source, dead), args=args))
+
+    def _take(self, queue_name: str, source: str, timeout: float, dead: bool) -> ReceivedMessage | None:
+        """Maintain + LMOVE in one script; when empty and ``timeout`` > 0, wait in BLMOVE slices (so due
+        delayed items and expired reservations still move while every consumer waits), then claim."""
+        keys, vt = self._keys(source, dead), repr(float(self.config.visibility_timeout))
+        slice_cap = min(_BLOCK_SLICE, self.config.socket_timeout / 2) if self.config.socket_timeout else _BLOCK_SLICE
+        end = time.monotonic() + max(timeout, 0)
+        with self._guard("reserve", source):
+            while True:
+                token = secrets.token_hex(16)
+                raw = self._reserve_script(keys=keys, args=[vt, token, _SWEEP_BATCH])
+                if raw is None:
+                    if (remaining := end - time.monotonic()) < 0.01:
+                        return None
+                    raw = self.client.blmove(source, keys[1], min(remaining, slice_cap), "LEFT", "RIGHT")
+                    if raw is None or not self._claim_script(keys=keys[1:3], args=[token, raw, vt]):
+                        continue  # nothing yet, or reclaimed between BLMOVE and the claim (back on the ready list)
+                raw = raw.encode("utf-8", "surrogateescape") if isinstance(raw, str) else bytes(raw)
+                return self._parsed(raw, queue_name, dead, _Receipt(token, raw, keys[1]))
+
+    def _settle(self, message: ReceivedMessage, target: str | None, body: bytes = b"", delay: float = 0) -> None:
+        receipt = message.receipt
+        if not isinstance(receipt, _Receipt):
+            raise BindingError(f"this message was not reserved by a Redis binding (receipt {receipt!r})")
+        keys = [receipt.processing, f"{receipt.processing}:deadlines"] + ([target] if target else [])
+        args = [receipt.token, receipt.raw, body, repr(float(max(delay, 0))), secrets.token_hex(16)]
+        with self._guard("settle a reservation", receipt.processing):
+            done = self._settle_script(keys=keys, args=args)
+        if not done:
+            logger.warning("Redis reservation in %r is gone (settled already, or expired and requeued for another "
+                           "delivery); nothing was changed", receipt.processing)
+
+    def publish(
+        self, body: bytes, queue_name: str, *, headers: Mapping[str, Any] | None = None, delay: float = 0
+    ) -> None:
+        """:param headers: ignored: a Redis list element is the bare envelope, with nowhere to put headers.
+        :param delay: seconds before the body reaches the ready list; until then it waits in ``:delayed``."""
+        key = self._key(queue_name)
+        with self._guard("publish", key):
+            if delay > 0:
+                args = ["", "", bytes(body), repr(float(delay)), secrets.token_hex(16)]
+                self._settle_script(keys=[*self._keys(key, dead=True)[1:], f"{key}:delayed"], args=args)
+            else:
+                self.client.rpush(key, bytes(body))
+
+    def publish_batch(self, bodies: Sequence[bytes], queue_name: str) -> None:
+        """One variadic RPUSH per chunk of 1000: one round trip each, and a chunk lands whole or not at all.
+        On a failure every body from the failing chunk on is reported as not delivered (a chunk whose reply
+        was lost may still have landed: at-least-once)."""
+        key = self._key(queue_name)
+        for start in range(0, len(bodies), _CHUNK):
+            try:
+                with self._guard("publish a batch", key):
+                    self.client.rpush(key, *(bytes(b) for b in bodies[start:start + _CHUNK]))
+            except BindingError as exc:
+                raise PublishBatchError(f"{exc}; {start} of {len(bodies)} bodies were delivered",
+                                        range(start, len(bodies))) from exc
+
+    def reserve(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
+        return self._take(queue_name, self._key(queue_name), timeout, dead=False)
+
+    def reserve_dead_letter(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
+        return self._take(queue_name, self.dead_letter_name(queue_name), timeout, dead=True)
+
+    def ack(self, message: ReceivedMessage) -> None:
+        self._settle(message, None)
+
+    def release(self, message: ReceivedMessage, delay: float = 0) -> None:
+        """Back to the END of the ready list with ``attempts`` + 1 (to ``:delayed`` when ``delay`` > 0).
+        A message reserved from the DLQ goes back on the DLQ exactly as it was stored."""
+        if message.from_dead_letter:
+            self._settle(message, self.dead_letter_name(message.queue_name), message.body)
+            return
+        key = self._key(message.queue_name)
+        self._settle(message, f"{key}:delayed" if delay > 0 else key, bumped_body(message), delay)
+
+    def dead_letter(
+        self, message: ReceivedMessage, reason: str, *, error: str | None = None, exception: str | None = None
+    ) -> None:
+        body = dead_letter_body(message, reason, error=error, exception=exception)
+        self._settle(message, self.dead_letter_name(message.queue_name), body)
+
+    def depth(self, queue_name: str) -> int:
+        """LLEN of the ready list, after moving due delayed items and expired reservations onto it."""
+        return self._length(self._key(queue_name), dead=False)
+
+    def dead_letter_depth(self, queue_name: str) -> int:
+        """LLEN of the DLQ, after requeueing drain reservations whose consumer died."""
+        return self._length(self.dead_letter_name(queue_name), dead=True)
+
+    def browse_dead_letters(self, queue_name: str, limit: int = 100) -> list[ReceivedMessage]:
+        """LRANGE of the DLQ: nothing is reserved or removed (items under a drain are not listed)."""
+        if limit <= 0:
+            return []
+        key = self.dead_letter_name(queue_name)
+        with self._guard("browse", key):
+            items = self.client.lrange(key, 0, limit - 1)
+        return [self._parsed(bytes(raw), queue_name, dead=True) for raw in items]
+
+    def ping(self) -> None:
+        with self._guard("PING", "-"):
+            self.client.ping()
+
+    def close(self) -> None:
+        if self._owns_client:
+            self.client.close()

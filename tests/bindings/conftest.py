@@ -1,0 +1,136 @@
+"""Binding factories for the contract suite: every binding runs the same test bodies.
+
+Each factory returns a fresh, isolated binding (unique table, key prefix or namespace) and cleans up
+after the test. Add a broker here when its binding lands; the contract tests need no change.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_babelqueue.bindings.base import Binding
+
+POSTGRES_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
+REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
+REDIS_URL = os.environ.get("BABELQUEUE_TEST_REDIS_URL", f"redis://{REDIS_HOST}:{REDIS_PORT}/0")
+
+BINDINGS = ["memory", "sql-sqlite", "sql-postgresql", "redis"]
+
+Factory = Callable[..., Binding]
+
+
+def _memory(tmp_path: Path, cleanups: list[Callable[[], None]], **options: Any) -> Binding:
+    from airflow_provider_babelqueue.bindings.memory import MemoryBinding, MemoryConfig
+
+    return MemoryBinding(MemoryConfig(**options))
+
+
+def _sql(url: str, cleanups: list[Callable[[], None]], **options: Any) -> Binding:
+    from airflow_provider_babelqueue.bindings.sql import SqlBinding, SqlConfig
+
+    table = f"t_{uuid.uuid4().hex[:10]}"
+    binding = SqlBinding(SqlConfig(url=url, table=table, **options))
+
+    def drop() -> None:
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(url)
+        with engine.begin() as conn:
+            for name in (table, f"{table}_failed"):
+                conn.execute(sqlalchemy.text(f'DROP TABLE IF EXISTS "{name}"'))
+        engine.dispose()
+
+    cleanups.append(binding.close)
+    cleanups.append(drop)
+    return binding
+
+
+def _sqlite(tmp_path: Path, cleanups: list[Callable[[], None]], **options: Any) -> Binding:
+    from airflow_provider_babelqueue.bindings.sql import sqlite_url
+
+    return _sql(sqlite_url(tmp_path / "queue.sqlite"), cleanups, **options)
+
+
+def _postgres(tmp_path: Path, cleanups: list[Callable[[], None]], **options: Any) -> Binding:
+    return _sql(POSTGRES_URL, cleanups, **options)
+
+
+def _redis(tmp_path: Path, cleanups: list[Callable[[], None]], **options: Any) -> Binding:
+    import redis
+
+    from airflow_provider_babelqueue.bindings.redis import RedisBinding, RedisConfig
+
+    prefix = f"bqtest:{uuid.uuid4().hex[:10]}:"
+    binding = RedisBinding(RedisConfig(host=REDIS_HOST, port=REDIS_PORT, key_prefix=prefix, **options))
+
+    def drop() -> None:
+        client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT)
+        keys = list(client.scan_iter(match=f"{prefix}*"))
+        if keys:
+            client.delete(*keys)
+        client.close()
+
+    cleanups.append(binding.close)
+    cleanups.append(drop)
+    return binding
+
+
+FACTORIES = {
+    "memory": _memory,
+    "sql-sqlite": _sqlite,
+    "sql-postgresql": _postgres,
+    "redis": _redis,
+}
+
+
+@pytest.fixture(params=BINDINGS)
+def make_binding(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Factory]:
+    """``make_binding(**config_options)`` → a fresh binding of the parametrised kind."""
+    cleanups: list[Callable[[], None]] = []
+
+    def factory(**options: Any) -> Binding:
+        return FACTORIES[request.param](tmp_path, cleanups, **options)
+
+    yield factory
+    for cleanup in reversed(cleanups):
+        cleanup()
+
+
+@pytest.fixture
+def binding(make_binding: Factory) -> Binding:
+    return make_binding()
+
+
+@pytest.fixture
+def queue_name() -> str:
+    return f"orders-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def rc() -> Iterator[Any]:
+    """A raw redis-py client on the test server (fails, never skips, when the server is down)."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.ping()
+    except redis.exceptions.ConnectionError as exc:
+        pytest.fail(f"no Redis server at {REDIS_URL} (make test starts one): {exc}")
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def queue(rc: Any) -> Iterator[str]:
+    """A unique Redis queue name; every key containing it is deleted afterwards."""
+    name = f"bqtest-{uuid.uuid4().hex[:12]}"
+    yield name
+    keys = list(rc.scan_iter(match=f"*{name}*"))
+    if keys:
+        rc.delete(*keys)

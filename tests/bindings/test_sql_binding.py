@@ -1,0 +1,358 @@
+"""SQL-binding specifics: the shared PDO layout, byte exactness, and safety under concurrency and crashes.
+
+The generic behaviour is checked by ``test_contract.py``; everything here runs on an SQLite file and on the
+local PostgreSQL, which ``make test`` starts; an unreachable server fails these tests with the reason
+rather than skipping them, so CI can never pass without having run them.
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from airflow_provider_babelqueue import envelope as bq
+from airflow_provider_babelqueue.bindings.base import BindingError, ReceivedMessage
+from airflow_provider_babelqueue.bindings.sql import SqlBinding, SqlConfig, sqlite_url
+
+POSTGRES_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
+INVALID_UTF8 = [b"\xff\xfe{\"job\": \x00 not json \x80\xc3(", bytes(range(256)), b"\xed\xa0\x80 lone surrogate"]
+_pg_error: list[str] = []
+
+
+def _postgres_unavailable() -> str:
+    """Why PostgreSQL cannot be used here, or "" when it can (probed once per session)."""
+    if not _pg_error:
+        try:
+            engine = sa.create_engine(POSTGRES_URL)
+            with engine.connect() as conn:
+                conn.execute(sa.text("SELECT 1"))
+            engine.dispose()
+            _pg_error.append("")
+        except Exception as exc:  # noqa: BLE001 - any failure means "fail with this reason"
+            _pg_error.append(f"PostgreSQL at {POSTGRES_URL} is not usable: {exc}")
+    return _pg_error[0]
+
+
+class Target:
+    """One backend and a unique table pair; ``make()`` opens bindings that are closed at teardown."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.table = f"t_{uuid.uuid4().hex[:10]}"
+        self.failed = f"{self.table}_failed"
+        self.queue = f"orders-{uuid.uuid4().hex[:8]}"
+        self.opened: list[SqlBinding] = []
+
+    def make(self, **options: Any) -> SqlBinding:
+        binding = SqlBinding(SqlConfig(url=self.url, table=self.table, **options))
+        self.opened.append(binding)
+        return binding
+
+    def query(self, sql: str) -> list[Any]:
+        engine = sa.create_engine(self.url)
+        try:
+            with engine.connect() as conn:
+                return list(conn.execute(sa.text(sql)).all())
+        finally:
+            engine.dispose()
+
+    def cleanup(self) -> None:
+        for binding in self.opened:
+            binding.close()
+        engine = sa.create_engine(self.url)
+        with engine.begin() as conn:
+            for name in (self.table, self.failed):
+                conn.execute(sa.text(f'DROP TABLE IF EXISTS "{name}"'))
+        engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
+    if request.param == "postgresql":
+        if reason := _postgres_unavailable():
+            pytest.fail(reason)
+        chosen = Target(POSTGRES_URL)
+    else:
+        chosen = Target(sqlite_url(tmp_path / "queue.sqlite"))
+    yield chosen
+    chosen.cleanup()
+
+
+def body_for(queue_name: str, n: int = 0) -> bytes:
+    return bq.encode(bq.make_envelope("urn:babel:orders:created", {"n": n}, queue_name=queue_name))
+
+
+def must_reserve(binding: SqlBinding, queue_name: str, timeout: float = 2.0) -> ReceivedMessage:
+    message = binding.reserve(queue_name, timeout=timeout)
+    assert message is not None, f"expected a message on {queue_name}"
+    return message
+
+
+# ------------------------------------------------------------------------------------------ config
+
+
+@pytest.mark.parametrize(
+    "table", ["", "jobs;DROP TABLE x", "jobs failed", "a-b", "1jobs", 'jobs"', "schema.jobs", "jöbs", "t" * 41]
+)
+def test_table_names_that_are_not_plain_identifiers_are_rejected(table: str) -> None:
+    with pytest.raises(ValueError, match="table"):
+        SqlConfig(url="sqlite://", table=table)
+
+
+@pytest.mark.parametrize("table", ["jobs", "_jobs", "Jobs_2", "t" * 40])
+def test_plain_identifiers_are_accepted(table: str) -> None:
+    assert SqlConfig(url="sqlite://", table=table).table == table
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [({"visibility_timeout": 0}, "visibility_timeout"), ({"poll_interval": -1}, "poll_interval"),
+     ({"url": "not a url"}, "url")],
+)
+def test_other_config_errors_are_clear(options: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        SqlConfig(**{"url": "sqlite://", **options})
+
+
+def test_sqlite_url_is_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    url = sqlite_url("sub/q.db")
+    assert url == f"sqlite:///{tmp_path.resolve()}/sub/q.db"
+    assert sa.make_url(url).database == str(tmp_path.resolve() / "sub" / "q.db")
+
+
+def test_repr_and_errors_hide_the_password_and_init_does_not_connect() -> None:
+    config = SqlConfig(url="postgresql+psycopg2://bq:s3cret@127.0.0.1:1/none", table="jobs")
+    assert "s3cret" not in repr(config)
+    binding = SqlBinding(config)  # would raise here if __init__ connected
+    with pytest.raises(BindingError) as info:
+        binding.depth("orders")
+    text = str(info.value)
+    assert "s3cret" not in text and "127.0.0.1:1" in text and "'jobs'" in text and "'orders'" in text
+    binding.close()
+
+
+def test_missing_tables_without_create_tables_say_so(tmp_path: Path) -> None:
+    binding = SqlBinding(SqlConfig(url=sqlite_url(tmp_path / "q.db"), table="absent", create_tables=False))
+    with pytest.raises(BindingError, match="absent.*create_tables"):
+        binding.publish(b"{}", "orders")
+    binding.close()
+
+
+def test_an_injected_engine_is_used_and_left_open(tmp_path: Path) -> None:
+    engine = sa.create_engine(sqlite_url(tmp_path / "q.db"))
+    disposed: list[bool] = []
+    engine.dispose = lambda *a, **k: disposed.append(True)  # type: ignore[method-assign]
+    with SqlBinding(SqlConfig(url="sqlite://", table="jobs"), engine=engine) as binding:
+        binding.publish(b"x", "q")
+        assert binding.dead_letter_name("q") == "jobs_failed"
+    assert disposed == []
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT payload FROM jobs")).scalar_one() == b"x"
+
+
+# ------------------------------------------------------------------------------------------ layout
+
+
+def test_tables_have_the_shared_pdo_layout(target: Target) -> None:
+    binding = target.make()
+    body = body_for(target.queue, 3)
+    binding.publish(body, target.queue)
+    binding.release(must_reserve(binding, target.queue))
+    message = must_reserve(binding, target.queue)
+    before = bq.now_ms()
+    binding.dead_letter(message, bq.Reason.FAILED, error="Payment gateway timeout", exception="GatewayTimeout")
+
+    engine = sa.create_engine(target.url)
+    ready_columns = {c["name"] for c in sa.inspect(engine).get_columns(target.table)}
+    engine.dispose()
+    assert {"id", "queue", "payload", "attempts", "reserved_at", "available_at", "created_at"} <= ready_columns
+    rows = target.query(f"SELECT id, urn, attempts, reason, failed_at, payload FROM {target.failed} ORDER BY id DESC")
+    assert len(rows) == 1
+    _, urn, attempts, reason, failed_at, payload = rows[0]
+    assert (urn, attempts, reason) == ("urn:babel:orders:created", 1, "failed")
+    assert type(failed_at) is int and before <= failed_at <= bq.now_ms()
+    env = bq.decode(bytes(payload))
+    assert env["dead_letter"]["reason"] == "failed" and env["dead_letter"]["original_queue"] == target.queue
+    assert env["dead_letter"]["attempts"] == 1 and env["meta"] == bq.decode(body)["meta"]
+    assert bytes(payload) == binding.browse_dead_letters(target.queue)[0].body
+    extra = target.query(f"SELECT queue, error, exception FROM {target.failed}")
+    assert [tuple(r) for r in extra] == [(target.queue, "Payment gateway timeout", "GatewayTimeout")]
+    assert target.query(f"SELECT COUNT(*) FROM {target.table}")[0][0] == 0
+    assert binding.dead_letter_name(target.queue) == target.failed
+
+
+def test_invalid_utf8_bodies_round_trip_byte_exact(target: Target) -> None:
+    binding = target.make()
+    binding.publish(INVALID_UTF8[0], target.queue)
+    binding.publish_batch(INVALID_UTF8[1:], target.queue)
+    received = [must_reserve(binding, target.queue) for _ in INVALID_UTF8]
+    assert [m.body for m in received] == INVALID_UTF8
+    assert all(m.envelope is None and m.decode_error and m.attempts == 0 for m in received)
+    binding.release(received[0])
+    again = must_reserve(binding, target.queue)
+    assert again.body == INVALID_UTF8[0]
+    for message in [again, *received[1:]]:
+        binding.dead_letter(message, bq.Reason.POISON, error=message.decode_error)
+    stored = [bytes(r[0]) for r in target.query(f"SELECT payload FROM {target.failed} ORDER BY id")]
+    assert stored == INVALID_UTF8
+    assert [m.body for m in binding.browse_dead_letters(target.queue)] == INVALID_UTF8
+    drained = [binding.reserve_dead_letter(target.queue, timeout=1) for _ in INVALID_UTF8]
+    assert [m.body for m in drained if m is not None] == INVALID_UTF8
+
+
+# ------------------------------------------------------------------------------------ reservations
+
+
+def test_a_late_settle_after_the_row_was_reclaimed_changes_nothing(target: Target) -> None:
+    binding = target.make(visibility_timeout=0.5)
+    body = body_for(target.queue)
+    binding.publish(body, target.queue)
+    stale = must_reserve(binding, target.queue)
+    time.sleep(0.7)
+    current = must_reserve(binding, target.queue, timeout=0)
+    assert current.body == body and current.receipt != stale.receipt
+    binding.ack(stale)
+    binding.release(stale)
+    binding.dead_letter(stale, "failed")
+    assert target.query(f"SELECT COUNT(*) FROM {target.table}")[0][0] == 1
+    assert binding.dead_letter_depth(target.queue) == 0 and binding.reserve(target.queue, timeout=0) is None
+    binding.ack(current)
+    assert target.query(f"SELECT COUNT(*) FROM {target.table}")[0][0] == 0
+
+
+def test_dead_letter_reservations_expire_and_release(target: Target) -> None:
+    binding = target.make(visibility_timeout=0.5)
+    binding.publish(body_for(target.queue), target.queue)
+    binding.dead_letter(must_reserve(binding, target.queue), "unknown_urn")
+    held = binding.reserve_dead_letter(target.queue)
+    assert held is not None and held.from_dead_letter
+    assert binding.dead_letter_depth(target.queue) == 0 and binding.reserve_dead_letter(target.queue) is None
+    assert len(binding.browse_dead_letters(target.queue)) == 1  # browsing sees reserved rows too
+    time.sleep(0.7)
+    again = binding.reserve_dead_letter(target.queue, timeout=1)
+    assert again is not None and again.body == held.body
+    binding.release(again)
+    assert binding.dead_letter_depth(target.queue) == 1
+    binding.ack(must_not_none(binding.reserve_dead_letter(target.queue)))
+    assert binding.dead_letter_depth(target.queue) == 0
+    assert target.query(f"SELECT COUNT(*) FROM {target.failed}")[0][0] == 0
+
+
+def must_not_none(message: ReceivedMessage | None) -> ReceivedMessage:
+    assert message is not None
+    return message
+
+
+def _drain(binding: SqlBinding, queue_name: str, sink: Callable[[bytes], None]) -> None:
+    while (message := binding.reserve(queue_name, timeout=0.5)) is not None:
+        binding.ack(message)
+        sink(message.body)
+
+
+def _assert_each_once(got: list[bytes], bodies: list[bytes]) -> None:
+    counts = collections.Counter(got)
+    assert [b for b, n in counts.items() if n > 1] == []
+    assert len(got) == len(bodies) == 300 and set(got) == set(bodies)
+
+
+def test_concurrent_threads_get_each_message_exactly_once(target: Target) -> None:
+    bodies = [body_for(target.queue, i) for i in range(300)]
+    target.make().publish_batch(bodies, target.queue)
+    got: list[bytes] = []
+    start = threading.Barrier(4)
+    consumers = [target.make() for _ in range(4)]  # separate engines: separate connection pools
+
+    def consume(binding: SqlBinding) -> None:
+        start.wait()
+        _drain(binding, target.queue, got.append)
+
+    threads = [threading.Thread(target=consume, args=(b,)) for b in consumers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    _assert_each_once(got, bodies)
+    assert target.query(f"SELECT COUNT(*) FROM {target.table}")[0][0] == 0
+
+
+def _process_consumer(url: str, table: str, queue_name: str, started: Any, go: Any, out: Any) -> None:
+    with SqlBinding(SqlConfig(url=url, table=table)) as binding:
+        binding.depth(queue_name)  # connect before the race starts
+        started.put(True)
+        go.wait(60)
+        got: list[bytes] = []
+        _drain(binding, queue_name, got.append)
+    out.put(got)
+
+
+def test_concurrent_processes_get_each_message_exactly_once(target: Target) -> None:
+    bodies = [body_for(target.queue, i) for i in range(300)]
+    target.make().publish_batch(bodies, target.queue)
+    ctx = multiprocessing.get_context("spawn")
+    started, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [
+        ctx.Process(target=_process_consumer, args=(target.url, target.table, target.queue, started, go, out))
+        for _ in range(2)
+    ]
+    for proc in procs:
+        proc.start()
+    for _ in procs:
+        started.get(timeout=60)
+    got: list[bytes] = []
+    threads = [threading.Thread(target=_drain, args=(target.make(), target.queue, got.append)) for _ in range(2)]
+    go.set()
+    for thread in threads:
+        thread.start()
+    from_children = [out.get(timeout=120) for _ in procs]
+    for thread in threads:
+        thread.join(timeout=120)
+    for proc in procs:
+        proc.join(timeout=30)
+        assert proc.exitcode == 0
+    _assert_each_once(got + [b for chunk in from_children for b in chunk], bodies)
+
+
+_CRASHING_CONSUMER = """
+import os, signal, sys
+from airflow_provider_babelqueue.bindings.sql import SqlBinding, SqlConfig
+url, table, queue = sys.argv[1:4]
+binding = SqlBinding(SqlConfig(url=url, table=table, visibility_timeout=1.0))
+message = binding.reserve(queue, timeout=5)
+sys.stdout.write(message.body.hex())
+sys.stdout.flush()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_kill_9_between_reserve_and_ack_loses_nothing(target: Target) -> None:
+    body = body_for(target.queue, 42)
+    binding = target.make(visibility_timeout=1.0)
+    binding.publish(body, target.queue)
+    child = subprocess.run(
+        [sys.executable, "-c", _CRASHING_CONSUMER, target.url, target.table, target.queue],
+        capture_output=True, timeout=60, check=False,
+    )
+    killed_at = time.monotonic()
+    assert child.returncode == -signal.SIGKILL, child.stderr.decode(errors="replace")
+    assert bytes.fromhex(child.stdout.decode()) == body
+    assert binding.reserve(target.queue, timeout=0) is None and binding.depth(target.queue) == 0
+    assert [bytes(r[0]) for r in target.query(f"SELECT payload FROM {target.table}")] == [body]
+    time.sleep(max(0.0, 1.3 - (time.monotonic() - killed_at)))
+    recovered = must_reserve(binding, target.queue, timeout=3)
+    assert recovered.body == body and recovered.attempts == 0
+    binding.ack(recovered)
+    assert binding.reserve(target.queue, timeout=0) is None
+    assert target.query(f"SELECT COUNT(*) FROM {target.table}")[0][0] == 0

@@ -1,0 +1,186 @@
+"""Hooks and the connection resolver, against the real brokers on this machine."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+import redis as redis_client
+import sqlalchemy
+
+from airflow_provider_babelqueue import envelope as bq
+from airflow_provider_babelqueue.bindings.base import BindingError
+from airflow_provider_babelqueue.hooks import DEFAULT_CONN_ID, default_sqlite_path, get_hook
+from airflow_provider_babelqueue.hooks.base import ConnectionConfigError
+from airflow_provider_babelqueue.hooks.redis import BabelQueueRedisHook
+from airflow_provider_babelqueue.hooks.sql import BabelQueueSqlHook
+
+PG = {"conn_type": "babelqueue_sql", "host": "127.0.0.1", "port": 5432, "login": "postgres", "schema": "test"}
+
+
+def define(monkeypatch: pytest.MonkeyPatch, conn_id: str, spec: dict) -> str:
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(spec))
+    return conn_id
+
+
+def round_trip(hook) -> None:  # type: ignore[no-untyped-def]
+    binding = hook.get_binding()
+    queue_name = f"hook-{uuid.uuid4().hex[:8]}"
+    body = bq.encode(bq.make_envelope("urn:babel:orders:created", {"n": 1}, queue_name=queue_name))
+    binding.publish(body, queue_name)
+    message = binding.reserve(queue_name, timeout=2)
+    assert message is not None and message.body == body
+    binding.ack(message)
+
+
+def test_default_connection_is_the_embedded_sqlite_queue(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    monkeypatch.delenv(f"AIRFLOW_CONN_{DEFAULT_CONN_ID.upper()}", raising=False)
+    hook = get_hook()
+    assert isinstance(hook, BabelQueueSqlHook)
+    assert default_sqlite_path() == tmp_path / "babelqueue.sqlite"
+    round_trip(hook)
+    assert (tmp_path / "babelqueue.sqlite").is_file()
+    assert hook.test_connection() == (
+        True,
+        f"Connected to BabelQueue SQL at sqlite file {tmp_path / 'babelqueue.sqlite'}",
+    )
+    hook.close()
+
+
+def test_sqlite_connection_with_a_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    path = tmp_path / "queues.db"
+    conn_id = define(monkeypatch, "bq_sqlite", {"conn_type": "babelqueue_sql", "host": str(path)})
+    hook = get_hook(conn_id)
+    round_trip(hook)
+    hook.close()
+    engine = sqlalchemy.create_engine(f"sqlite:///{path}")
+    assert {"jobs", "jobs_failed"} <= set(sqlalchemy.inspect(engine).get_table_names())
+    engine.dispose()
+
+
+def test_postgresql_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    table = f"h_{uuid.uuid4().hex[:8]}"
+    conn_id = define(monkeypatch, "bq_pg", PG | {"extra": {"dialect": "postgresql", "table": table}})
+    hook = get_hook(conn_id)
+    assert isinstance(hook, BabelQueueSqlHook)
+    try:
+        round_trip(hook)
+        assert hook.test_connection() == (True, "Connected to BabelQueue SQL at 127.0.0.1:5432/test")
+    finally:
+        hook.close()
+        engine = sqlalchemy.create_engine("postgresql+psycopg2://postgres@127.0.0.1:5432/test")
+        with engine.begin() as conn:
+            for name in (table, f"{table}_failed"):
+                conn.execute(sqlalchemy.text(f'DROP TABLE IF EXISTS "{name}"'))
+        engine.dispose()
+
+
+def test_redis_connection_reads_allowlisted_extras_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    prefix = f"bqhook:{uuid.uuid4().hex[:8]}:"
+    extra = {
+        "key_prefix": prefix,
+        "dead_letter_suffix": ".dlq",
+        "visibility_timeout": "30",
+        "socket_timeout": 0.001,
+        "password": "not-read-from-extra",
+    }
+    conn_id = define(
+        monkeypatch, "bq_redis", {"conn_type": "babelqueue_redis", "host": "127.0.0.1", "port": 6379, "extra": extra}
+    )
+    hook = get_hook(conn_id)
+    assert isinstance(hook, BabelQueueRedisHook)
+    config = hook.get_binding().config
+    assert (config.key_prefix, config.dead_letter_suffix, config.visibility_timeout) == (prefix, ".dlq", 30.0)
+    assert config.password is None and config.socket_timeout != 0.001
+    binding = hook.get_binding()
+    binding.publish(bq.encode(bq.make_envelope("urn:x", {})), "orders")
+    binding.dead_letter(binding.reserve("orders", timeout=1), "failed")
+    client = redis_client.Redis(host="127.0.0.1", port=6379)
+    try:
+        assert client.llen(f"{prefix}orders.dlq") == 1
+    finally:
+        client.delete(*client.keys(f"{prefix}*"))
+        client.close()
+        hook.close()
+
+
+def test_other_connection_types_are_refused_with_the_expected_types(monkeypatch: pytest.MonkeyPatch) -> None:
+    conn_id = define(monkeypatch, "bq_http", {"conn_type": "http", "host": "example.invalid"})
+    with pytest.raises(BindingError, match=r"type 'http'.*babelqueue_redis, babelqueue_sql"):
+        get_hook(conn_id)
+
+
+def test_a_missing_non_default_connection_is_an_error() -> None:
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    with pytest.raises(AirflowNotFoundException):
+        get_hook("bq_does_not_exist")
+
+
+def test_hooks_look_nothing_up_when_constructed(monkeypatch: pytest.MonkeyPatch) -> None:
+    def explode(*args: object, **kwargs: object) -> None:
+        raise AssertionError("connection looked up at construction")
+
+    monkeypatch.setattr(BabelQueueRedisHook, "get_connection", classmethod(explode))
+    monkeypatch.setattr(BabelQueueSqlHook, "get_connection", classmethod(explode))
+    BabelQueueRedisHook("anything")
+    BabelQueueSqlHook("anything")
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ({"conn_type": "babelqueue_redis", "host": "127.0.0.1", "port": 1}, "127.0.0.1:1"),
+        (
+            {
+                "conn_type": "babelqueue_redis",
+                "host": "127.0.0.1",
+                "port": 6379,
+                "login": "ghost",
+                "password": "Hunter2-secret",
+            },
+            "127.0.0.1:6379",
+        ),
+        (PG | {"port": 1, "password": "Hunter2-secret", "extra": {"dialect": "postgresql"}}, "127.0.0.1"),
+        ({"conn_type": "babelqueue_sql", "host": "/nonexistent-dir/x/queue.db"}, "/nonexistent-dir/x/queue.db"),
+    ],
+    ids=["redis-closed-port", "redis-bad-password", "postgres-closed-port", "sqlite-bad-path"],
+)
+def test_test_connection_says_what_is_wrong_without_secrets(
+    monkeypatch: pytest.MonkeyPatch, spec: dict, fragment: str
+) -> None:
+    hook = get_hook(define(monkeypatch, "bq_bad", spec))
+    ok, message = hook.test_connection()
+    assert ok is False
+    assert fragment in message, message
+    assert "Hunter2-secret" not in message
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            {"conn_type": "babelqueue_redis", "extra": {"visibility_timeout": "soon"}},
+            "'visibility_timeout' must be a number",
+        ),
+        ({"conn_type": "babelqueue_redis", "extra": {"db": "zero"}}, "'db' must be a database number"),
+        ({"conn_type": "babelqueue_redis", "extra": {"ssl": "maybe"}}, "'ssl' must be true or false"),
+        ({"conn_type": "babelqueue_sql", "extra": {"dialect": "oracle"}}, "'dialect' must be 'sqlite' or 'postgresql'"),
+    ],
+)
+def test_bad_extras_name_the_field(monkeypatch: pytest.MonkeyPatch, spec: dict, message: str) -> None:
+    hook = get_hook(define(monkeypatch, "bq_extra", spec))
+    with pytest.raises(ConnectionConfigError, match=message):
+        hook.get_binding()
+
+
+def test_test_connection_creates_no_tables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    path = tmp_path / "probe.db"
+    hook = get_hook(define(monkeypatch, "bq_probe", {"conn_type": "babelqueue_sql", "host": str(path)}))
+    assert hook.test_connection()[0] is True
+    engine = sqlalchemy.create_engine(f"sqlite:///{path}")
+    assert sqlalchemy.inspect(engine).get_table_names() == []
+    engine.dispose()
