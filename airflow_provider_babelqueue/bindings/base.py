@@ -22,10 +22,13 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import envelope as bq
 from ..exceptions import BabelQueueError, EnvelopeDecodeError, EnvelopeEncodeError
+
+if TYPE_CHECKING:
+    from ..idempotency import SeenStore
 
 __all__ = [
     "Binding",
@@ -214,6 +217,14 @@ class Binding(abc.ABC):
     def browse_dead_letters(self, queue_name: str, limit: int = 100) -> list[ReceivedMessage]:
         """Read up to ``limit`` DLQ messages without removing them."""
         raise NotSupportedError(f"the {self.name} binding cannot browse a dead-letter queue without removing")
+
+    def seen_store(self, name: str) -> SeenStore:
+        """A persistent ``meta.id`` seen-set named ``name`` on this broker, for consumer idempotency and
+        replay ledgers. Brokers that cannot hold one raise :class:`NotSupportedError`."""
+        raise NotSupportedError(
+            f"the {self.name} binding cannot hold an idempotency store; use a babelqueue_sql or babelqueue_redis "
+            "connection for it"
+        )
 
     def ping(self) -> None:
         """Reach the broker once (used by hooks' ``test_connection``); raises :class:`BindingError`."""

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..idempotency import InMemorySeenStore
 from .base import Binding, ReceivedMessage, bumped_body, dead_letter_body, parse_body
 
 __all__ = ["MemoryBinding", "MemoryConfig"]
@@ -46,6 +47,7 @@ class MemoryBinding(Binding):
         self._reserved: dict[int, tuple[str, bool, float, _Stored]] = {}
         self._dead: dict[str, deque[_Stored]] = {}
         self._tokens = itertools.count(1)
+        self._seen: dict[str, InMemorySeenStore] = {}
         self._cond = threading.Condition()
 
     # ------------------------------------------------------------------------------------ helpers
@@ -164,3 +166,7 @@ class MemoryBinding(Binding):
 
     def dead_letter_name(self, queue_name: str) -> str:
         return f"{queue_name}:failed"
+
+    def seen_store(self, name: str) -> InMemorySeenStore:
+        with self._cond:
+            return self._seen.setdefault(name, InMemorySeenStore())

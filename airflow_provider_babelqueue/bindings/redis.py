@@ -375,6 +375,11 @@ class RedisBinding(Binding):
             items = self.client.lrange(key, 0, limit - 1)
         return [self._parsed(bytes(raw), queue_name, dead=True) for raw in items]
 
+    def seen_store(self, name: str) -> RedisSeenStore:
+        from .stores import RedisSeenStore
+
+        return RedisSeenStore(self, name)
+
     def ping(self) -> None:
         with self._guard("PING", "-"):
             self.client.ping()

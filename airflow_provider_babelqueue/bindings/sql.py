@@ -376,6 +376,11 @@ class SqlBinding(Binding):
             rows = conn.execute(query).all()
         return [self._message(row, queue_name, True, None) for row in rows]
 
+    def seen_store(self, name: str) -> SqlSeenStore:
+        from .stores import SqlSeenStore
+
+        return SqlSeenStore(self, name)
+
     def ping(self) -> None:
         """Run ``SELECT 1``; unlike every other operation it does not create the queue tables."""
         with self._guard("reach the database", None), self._get_engine(create_tables=False).connect() as conn:

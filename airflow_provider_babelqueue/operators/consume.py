@@ -1,0 +1,153 @@
+"""BabelQueueConsumeOperator: a bounded, conformant consumer run on any BabelQueue connection."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator, Context
+
+from ..consumer import Backoff, Consumer, UnknownUrnStrategy
+from ..exceptions import BabelQueueError
+from ..hooks import DEFAULT_CONN_ID, get_hook
+
+__all__ = ["BabelQueueConsumeOperator", "DeadLettersProducedError", "resolve_handlers"]
+
+
+class DeadLettersProducedError(BabelQueueError):
+    """Raised after the run when ``fail_on_dead_letters`` is set and messages were dead-lettered."""
+
+
+def resolve_handlers(handlers: Mapping[str, Callable[..., Any] | str]) -> dict[str, Callable[..., Any]]:
+    """URN → callable; a string value is a dotted path (``package.module.function``) imported at run time,
+    which keeps DAG files free of handler imports."""
+    from importlib import import_module
+
+    resolved = {}
+    for urn, target in handlers.items():
+        if callable(target):
+            resolved[urn] = target
+            continue
+        if not isinstance(target, str) or "." not in target:
+            raise ValueError(f"handler for {urn!r} must be a callable or a dotted path, got {target!r}")
+        module_name, _, attribute = target.rpartition(".")
+        try:
+            function = getattr(import_module(module_name), attribute)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"handler for {urn!r}: cannot import {target!r} ({exc})") from exc
+        if not callable(function):
+            raise ValueError(f"handler for {urn!r}: {target!r} is not callable")
+        resolved[urn] = function
+    return resolved
+
+
+class BabelQueueConsumeOperator(BaseOperator):
+    """Consume a queue for a bounded run with the contract's consumer rules; returns a summary (XCom).
+
+    Validation comes first: undecodable bodies (``poison``) and envelopes that fail validation are
+    quarantined to the dead-letter queue with their reason, never dropped. Then the URN picks a handler;
+    failures are retried with backoff and dead-lettered with reason ``failed`` once ``max_attempts``
+    handler runs failed. The summary counts handled, retried, skipped duplicates and dead letters by reason.
+
+    :param babelqueue_conn_id: the BabelQueue connection; its type picks the broker.
+    :param queue_name: the queue to consume (templated).
+    :param handlers: URN → callable taking the envelope dict, or its dotted path as a string.
+    :param max_messages: stop after this many deliveries (retries count as deliveries).
+    :param max_seconds: stop after this many seconds, so the task fits its schedule.
+    :param stop_when_empty: stop as soon as a reserve finds nothing within ``reserve_timeout``.
+    :param reserve_timeout: seconds each reserve waits for a message.
+    :param max_attempts: handler runs before a failing message is dead-lettered (1 = no retry).
+    :param backoff: ``exponential`` (default) or ``fixed`` delay before a retry is delivered again.
+    :param backoff_base: the fixed delay, or the first exponential step, in seconds.
+    :param backoff_cap: the longest exponential delay, in seconds.
+    :param backoff_jitter: randomise exponential delays (50–100 %) so retries do not come back in bursts.
+    :param unknown_urn_strategy: what to do when no handler is mapped: ``fail`` (retry, then dead-letter
+        ``unknown_urn``), ``delete``, ``release`` or ``dead_letter`` (default).
+    :param idempotency_conn_id: a SQL or Redis BabelQueue connection holding the seen-set of handled
+        ``meta.id`` values; ``None`` disables idempotency. Redeliveries of handled messages are then acked
+        without running the handler.
+    :param idempotency_store: the seen-set's name (templated); defaults to ``consume:<queue_name>``.
+    :param fail_on_dead_letters: fail the task after the run when anything was dead-lettered, so the DAG
+        alerts; the summary is still pushed to XCom first.
+    """
+
+    template_fields: Sequence[str] = ("queue_name", "idempotency_store")
+    ui_color = "#e8eef8"
+
+    def __init__(
+        self,
+        *,
+        queue_name: str,
+        handlers: Mapping[str, Callable[..., Any] | str],
+        babelqueue_conn_id: str = DEFAULT_CONN_ID,
+        max_messages: int | None = None,
+        max_seconds: float | None = None,
+        stop_when_empty: bool = True,
+        reserve_timeout: float = 1.0,
+        max_attempts: int = 3,
+        backoff: str = "exponential",
+        backoff_base: float = 1.0,
+        backoff_cap: float = 60.0,
+        backoff_jitter: bool = True,
+        unknown_urn_strategy: UnknownUrnStrategy | str = UnknownUrnStrategy.DEAD_LETTER,
+        idempotency_conn_id: str | None = None,
+        idempotency_store: str | None = None,
+        fail_on_dead_letters: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if max_messages is None and max_seconds is None and not stop_when_empty:
+            raise ValueError("an unbounded consumer never finishes: set max_messages, max_seconds or stop_when_empty")
+        self.babelqueue_conn_id = babelqueue_conn_id
+        self.queue_name = queue_name
+        self.handlers = dict(handlers)
+        self.max_messages = max_messages
+        self.max_seconds = max_seconds
+        self.stop_when_empty = stop_when_empty
+        self.reserve_timeout = reserve_timeout
+        self.max_attempts = max_attempts
+        self.backoff = Backoff(backoff, backoff_base, backoff_cap, backoff_jitter)  # validates early
+        self.unknown_urn_strategy = UnknownUrnStrategy(unknown_urn_strategy)
+        self.idempotency_conn_id = idempotency_conn_id
+        self.idempotency_store = idempotency_store
+        self.fail_on_dead_letters = fail_on_dead_letters
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        handlers = resolve_handlers(self.handlers)
+        hook = get_hook(self.babelqueue_conn_id)
+        store_hook = None
+        try:
+            store = None
+            if self.idempotency_conn_id is not None:
+                store_hook = (
+                    hook if self.idempotency_conn_id == self.babelqueue_conn_id else get_hook(self.idempotency_conn_id)
+                )
+                store = store_hook.get_binding().seen_store(self.idempotency_store or f"consume:{self.queue_name}")
+            consumer = Consumer(
+                hook.get_binding(),
+                self.queue_name,
+                handlers,
+                max_attempts=self.max_attempts,
+                backoff=self.backoff,
+                unknown_urn=self.unknown_urn_strategy,
+                idempotency=store,
+                log=self.log,
+            )
+            summary = consumer.run(
+                max_messages=self.max_messages,
+                max_seconds=self.max_seconds,
+                stop_when_empty=self.stop_when_empty,
+                reserve_timeout=self.reserve_timeout,
+            ).as_dict()
+        finally:
+            hook.close()
+            if store_hook is not None and store_hook is not hook:
+                store_hook.close()
+        self.log.info("consumed %s: %s", self.queue_name, summary)
+        if self.fail_on_dead_letters and summary["dead_lettered"]:
+            context["ti"].xcom_push(key="return_value", value=summary)
+            raise DeadLettersProducedError(
+                f"{sum(summary['dead_lettered'].values())} message(s) dead-lettered on "
+                f"{self.queue_name}: {summary['dead_lettered']}"
+            )
+        return summary

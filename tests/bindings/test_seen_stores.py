@@ -1,0 +1,50 @@
+"""Persistent seen-sets: the idempotency conformance sequences on every binding that holds one."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from airflow_provider_babelqueue import envelope as bq
+from airflow_provider_babelqueue.bindings.base import Binding
+from airflow_provider_babelqueue.idempotency import Effect, IdempotencyGuard
+from tests.conftest import conformance_manifest
+
+SEQUENCES = conformance_manifest()["idempotency"]["sequences"]["cases"]
+
+
+@pytest.mark.parametrize("case", SEQUENCES, ids=[c["name"] for c in SEQUENCES])
+def test_conformance_sequences_on_a_persistent_store(binding: Binding, case: dict) -> None:
+    guard = IdempotencyGuard(binding.seen_store(f"conf-{uuid.uuid4().hex[:8]}"))
+    calls = 0
+    for step, delivery in enumerate(case["deliveries"]):
+        env = bq.make_envelope("urn:x", {"step": step})
+        env["meta"]["id"] = delivery["meta_id"]
+        if delivery.get("forget_before"):
+            guard.forget(delivery["meta_id"])
+
+        def handler(_: object, outcome: str | None = delivery.get("outcome")) -> None:
+            nonlocal calls
+            calls += 1
+            if outcome == "throw":
+                raise RuntimeError("boom")
+
+        try:
+            effect = guard.process(env, handler)
+        except RuntimeError:
+            effect = Effect.RUN
+        assert effect == delivery["expect_effect"]
+    assert calls == case["expected_effects"]
+
+
+def test_stores_are_named_and_forget(make_binding) -> None:  # type: ignore[no-untyped-def]
+    first = make_binding()
+    name = f"ledger-{uuid.uuid4().hex[:8]}"
+    store = first.seen_store(name)
+    store.remember("id-1")
+    store.remember("id-1")
+    assert store.seen("id-1") and not store.seen("id-2") and len(store) == 1
+    assert not first.seen_store(f"{name}-other").seen("id-1")
+    store.forget("id-1")
+    assert not store.seen("id-1") and len(store) == 0

@@ -1,0 +1,186 @@
+"""Publish and consume operators inside real DAGs under dag.test(), on every broker with a connection."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import uuid
+
+import pytest
+from airflow.sdk import DAG
+
+from airflow_provider_babelqueue import envelope as bq
+from airflow_provider_babelqueue.hooks import get_hook
+from airflow_provider_babelqueue.operators.consume import BabelQueueConsumeOperator, resolve_handlers
+from airflow_provider_babelqueue.operators.publish import BabelQueuePublishOperator
+from tests.airflow_harness import run_dag, task_states, xcom
+from tests.operators import handlers
+
+TRACE = "7b3f9c2a-e41d-4f88-9b2a-1c0d5e6f7a8b"
+
+# conn id → connection spec (None = the embedded default, no connection defined)
+CONNECTIONS = {
+    "babelqueue_default": None,
+    "bq_op_postgres": {
+        "conn_type": "babelqueue_sql",
+        "host": "127.0.0.1",
+        "port": 5432,
+        "login": "postgres",
+        "schema": "test",
+        "extra": {"dialect": "postgresql", "table": "op_jobs"},
+    },
+    "bq_op_redis": {
+        "conn_type": "babelqueue_redis",
+        "host": "127.0.0.1",
+        "port": 6379,
+        "extra": {"key_prefix": "bqop:"},
+    },
+}
+
+
+@pytest.fixture(params=list(CONNECTIONS))
+def conn_id(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    spec = CONNECTIONS[request.param]
+    if spec is not None:
+        monkeypatch.setenv(f"AIRFLOW_CONN_{request.param.upper()}", json.dumps(spec))
+    return request.param
+
+
+def test_publish_then_consume_in_one_dag(conn_id: str) -> None:
+    queue = f"orders-{uuid.uuid4().hex[:8]}"
+    handlers.HANDLED.clear()
+    with DAG(
+        f"bq_publish_consume_{uuid.uuid4().hex[:6]}",
+        schedule=None,
+        start_date=datetime.datetime(2026, 1, 1),
+        params={"urn": "urn:babel:orders:created", "queue": queue},
+    ) as dag:
+        single = BabelQueuePublishOperator(
+            task_id="publish_single",
+            babelqueue_conn_id=conn_id,
+            queue_name="{{ params.queue }}",
+            urn="{{ params.urn }}",
+            data={"order_id": 1, "note": "run {{ run_id }}"},
+            trace_id=TRACE,
+        )
+        batch = BabelQueuePublishOperator(
+            task_id="publish_batch",
+            babelqueue_conn_id=conn_id,
+            queue_name=queue,
+            urn="urn:babel:orders:created",
+            data=[{"order_id": i} for i in range(2, 6)],
+        )
+        failing = BabelQueuePublishOperator(
+            task_id="publish_failing",
+            babelqueue_conn_id=conn_id,
+            queue_name=queue,
+            urn="urn:babel:orders:refund",
+            data={"order_id": 99},
+        )
+        consume = BabelQueueConsumeOperator(
+            task_id="consume",
+            babelqueue_conn_id=conn_id,
+            queue_name=queue,
+            max_attempts=2,
+            backoff="fixed",
+            backoff_base=0,
+            reserve_timeout=0.5,
+            handlers={
+                "urn:babel:orders:created": "tests.operators.handlers.record",
+                "urn:babel:orders:refund": handlers.always_fail,
+            },
+        )
+        single >> batch >> failing >> consume
+    run = run_dag(dag)
+    assert task_states(run) == {t: "success" for t in ("publish_single", "publish_batch", "publish_failing", "consume")}
+    single_ids, batch_ids = xcom(run, "publish_single"), xcom(run, "publish_batch")
+    assert len(single_ids) == 1 and len(batch_ids) == 4 and len(set(single_ids + batch_ids)) == 5
+    assert xcom(run, "consume") == {
+        "received": 7,
+        "handled": 5,
+        "retried": 1,
+        "skipped_duplicates": 0,
+        "deleted_unknown": 0,
+        "released_unknown": 0,
+        "dead_lettered": {"failed": 1},
+    }
+    by_id = {env["meta"]["id"]: env for env in handlers.HANDLED}
+    assert sorted(by_id) == sorted(single_ids + batch_ids)
+    first = by_id[single_ids[0]]
+    assert first["trace_id"] == TRACE and first["job"] == "urn:babel:orders:created"
+    assert first["meta"]["queue"] == queue and first["data"]["note"] == f"run {run.run_id}"
+    assert [by_id[i]["data"]["order_id"] for i in batch_ids] == [2, 3, 4, 5]
+    assert all(env["trace_id"] != TRACE for i, env in by_id.items() if i in batch_ids)
+    hook = get_hook(conn_id)
+    binding = hook.get_binding()
+    try:
+        dead = binding.reserve_dead_letter(queue, timeout=1)
+        assert dead.envelope["data"] == {"order_id": 99}
+        assert dead.envelope["dead_letter"]["reason"] == "failed"
+        assert dead.envelope["dead_letter"]["exception"] == "TimeoutError"
+        assert dead.envelope["dead_letter"]["error"] == "downstream timed out for order 99"
+        assert dead.envelope["dead_letter"]["attempts"] == 2
+        binding.ack(dead)
+        assert binding.depth(queue) == 0 and binding.dead_letter_depth(queue) == 0
+    finally:
+        hook.close()
+
+
+def test_fail_on_dead_letters_fails_the_task_after_pushing_the_summary() -> None:
+    queue = f"orders-{uuid.uuid4().hex[:8]}"
+    with DAG(f"bq_fail_on_dl_{uuid.uuid4().hex[:6]}", schedule=None, start_date=datetime.datetime(2026, 1, 1)) as dag:
+        BabelQueuePublishOperator(task_id="publish", queue_name=queue, urn="urn:babel:unknown", data={}) >> (
+            BabelQueueConsumeOperator(task_id="consume", queue_name=queue, handlers={}, fail_on_dead_letters=True)
+        )
+    run = run_dag(dag)
+    assert task_states(run)["consume"] == "failed"
+    assert xcom(run, "consume")["dead_lettered"] == {"unknown_urn": 1}
+
+
+def test_publish_ready_envelopes_unchanged() -> None:
+    queue = f"orders-{uuid.uuid4().hex[:8]}"
+    env = bq.make_envelope("urn:babel:orders:created", {"price": 1e-07}, queue_name=queue)
+    raw = bq.encode(env).replace(b'"price":1e-07', b'"price":1e-7')  # another SDK's float format
+    op = BabelQueuePublishOperator(task_id="p", queue_name=queue, envelopes=[raw, env])
+    assert op.execute({}) == [env["meta"]["id"], env["meta"]["id"]]
+    hook = get_hook()
+    try:
+        binding = hook.get_binding()
+        first, second = binding.reserve(queue, timeout=1), binding.reserve(queue, timeout=1)
+        assert first.body == raw  # forwarded bytes are never re-encoded
+        assert second.body == bq.encode(env)
+        binding.ack(first)
+        binding.ack(second)
+    finally:
+        hook.close()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "give either urn"),
+        ({"urn": "u", "envelopes": []}, "give either urn"),
+        ({"urn": "u", "delay": -1}, "delay must not be negative"),
+    ],
+)
+def test_publish_argument_errors(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        BabelQueuePublishOperator(task_id="p", queue_name="q", **kwargs)
+
+
+def test_publish_refuses_invalid_ready_envelopes() -> None:
+    env = bq.make_envelope("urn:x", {})
+    env["meta"]["schema_version"] = 2
+    with pytest.raises(ValueError, match=r"envelopes\[0\] is not publishable: unsupported_schema_version"):
+        BabelQueuePublishOperator(task_id="p", queue_name="q", envelopes=[env]).execute({})
+
+
+def test_consume_argument_errors() -> None:
+    with pytest.raises(ValueError, match="unbounded consumer never finishes"):
+        BabelQueueConsumeOperator(task_id="c", queue_name="q", handlers={}, stop_when_empty=False)
+    with pytest.raises(ValueError, match="'linear'"):
+        BabelQueueConsumeOperator(task_id="c", queue_name="q", handlers={}, backoff="linear")
+    with pytest.raises(ValueError, match="cannot import 'tests.operators.handlers.missing'"):
+        resolve_handlers({"u": "tests.operators.handlers.missing"})
+    with pytest.raises(ValueError, match="must be a callable or a dotted path"):
+        resolve_handlers({"u": 42})  # type: ignore[dict-item]
