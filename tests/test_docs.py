@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = {
     "airflow_provider_babelqueue.operators.publish.BabelQueuePublishOperator": "docs/operators/publish.md",
     "airflow_provider_babelqueue.operators.consume.BabelQueueConsumeOperator": "docs/operators/consume.md",
+    "airflow_provider_babelqueue.operators.drain.BabelQueueDrainDeadLettersOperator": "docs/operators/drain.md",
+    "airflow_provider_babelqueue.operators.replay.BabelQueueReplayOperator": "docs/operators/replay.md",
 }
 
 
