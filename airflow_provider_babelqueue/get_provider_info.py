@@ -36,6 +36,20 @@ def get_provider_info() -> dict[str, Any]:
                 ],
             }
         ],
+        "sensors": [
+            {"integration-name": "BabelQueue", "python-modules": ["airflow_provider_babelqueue.sensors.queue"]}
+        ],
+        "triggers": [
+            {"integration-name": "BabelQueue", "python-modules": ["airflow_provider_babelqueue.triggers.queue"]}
+        ],
+        "queues": [
+            "airflow_provider_babelqueue.queues.BabelQueueSqlQueueProvider",
+            "airflow_provider_babelqueue.queues.BabelQueueRedisQueueProvider",
+            "airflow_provider_babelqueue.queues.BabelQueueRabbitMQQueueProvider",
+            "airflow_provider_babelqueue.queues.BabelQueueSqsQueueProvider",
+            "airflow_provider_babelqueue.queues.BabelQueueAzureServiceBusQueueProvider",
+            "airflow_provider_babelqueue.queues.BabelQueuePulsarQueueProvider",
+        ],
         "connection-types": [
             {
                 "connection-type": "babelqueue_sql",

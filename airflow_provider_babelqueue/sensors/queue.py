@@ -1,0 +1,273 @@
+"""Sensors: queue depth and dead-letter arrival, for any BabelQueue connection.
+
+Both run the pure checks of :mod:`airflow_provider_babelqueue.checks` in ``poke``; with ``deferrable=True``
+they check once and then hand the wait to a trigger that runs the very same check in the triggerer.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue, conf
+
+from ..bindings.base import BindingError
+from ..checks import dead_letter_status, depth_status, validate_depth_args
+from ..hooks import DEFAULT_CONN_ID, get_hook
+from ..triggers.queue import BabelQueueDeadLetterTrigger, BabelQueueDepthTrigger
+
+__all__ = ["BabelQueueDeadLetterSensor", "BabelQueueQueueDepthSensor"]
+
+
+def _default_deferrable() -> bool:
+    return conf.getboolean("operators", "default_deferrable", fallback=False)
+
+
+class _BabelQueueSensor(BaseSensorOperator):
+    """Keeps one hook for all pokes of a run (clients are reused) and closes it at the end."""
+
+    def __init__(self, *, babelqueue_conn_id: str, deferrable: bool, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.babelqueue_conn_id = babelqueue_conn_id
+        self.deferrable = deferrable
+        self._hook: Any = None
+
+    @property
+    def binding(self) -> Any:
+        if self._hook is None:
+            self._hook = get_hook(self.babelqueue_conn_id)
+        return self._hook.get_binding()
+
+    def _close(self) -> None:
+        if self._hook is not None:
+            self._hook.close()
+            self._hook = None
+
+    def _defer_timeout(self) -> datetime.timedelta | None:
+        if self.timeout is None:
+            return None
+        return (
+            self.timeout
+            if isinstance(self.timeout, datetime.timedelta)
+            else datetime.timedelta(seconds=float(self.timeout))
+        )
+
+    def _poll_interval(self) -> float:
+        interval = self.poke_interval
+        return interval.total_seconds() if isinstance(interval, datetime.timedelta) else float(interval)
+
+    @staticmethod
+    def _event_value(event: dict[str, Any]) -> dict[str, Any]:
+        if event.get("status") != "success":
+            raise BindingError(f"the trigger failed: {event.get('message', event)}")
+        return event
+
+
+class BabelQueueQueueDepthSensor(_BabelQueueSensor):
+    """Waits until a queue's depth satisfies a comparison; the observed depth goes to XCom.
+
+    :param babelqueue_conn_id: the BabelQueue connection; its type picks the broker.
+    :param queue_name: the queue to watch (templated).
+    :param which: ``ready`` (messages waiting for a consumer) or ``dead_letter`` (its DLQ).
+    :param comparison: one of ``>=``, ``>``, ``<=``, ``<``, ``==`` — e.g. ``<=`` with threshold 0 waits for a
+        queue to drain, ``>=`` waits for a backlog.
+    :param threshold: the depth to compare with (templated).
+    :param consecutive: how many observations in a row must match, ``observation_interval`` seconds apart;
+        raise it for brokers whose counts are eventually consistent (SQS) so one stale reading cannot end
+        the wait.
+    :param observation_interval: seconds between those observations.
+    :param deferrable: free the worker slot while waiting (the triggerer polls instead); defaults to
+        ``[operators] default_deferrable``.
+    """
+
+    template_fields: Sequence[str] = ("queue_name", "threshold")
+    ui_color = "#f4efe0"
+
+    def __init__(
+        self,
+        *,
+        queue_name: str,
+        babelqueue_conn_id: str = DEFAULT_CONN_ID,
+        which: str = "ready",
+        comparison: str = ">=",
+        threshold: int = 1,
+        consecutive: int = 1,
+        observation_interval: float = 1.0,
+        deferrable: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            babelqueue_conn_id=babelqueue_conn_id,
+            deferrable=_default_deferrable() if deferrable is None else deferrable,
+            **kwargs,
+        )
+        if isinstance(threshold, int):
+            validate_depth_args(which, comparison, threshold, consecutive)
+        self.queue_name = queue_name
+        self.which = which
+        self.comparison = comparison
+        self.threshold = threshold
+        self.consecutive = consecutive
+        self.observation_interval = observation_interval
+
+    def _status(self) -> Any:
+        return depth_status(
+            self.binding,
+            self.queue_name,
+            which=self.which,
+            comparison=self.comparison,
+            threshold=int(self.threshold),
+            consecutive=self.consecutive,
+            interval=self.observation_interval,
+        )
+
+    def poke(self, context: Context) -> PokeReturnValue:
+        status = self._status()
+        self.log.info(
+            "%s depth of %s: %s (want %s %s)",
+            self.which,
+            self.queue_name,
+            list(status.observations),
+            self.comparison,
+            self.threshold,
+        )
+        return PokeReturnValue(is_done=status.matched, xcom_value=status.depth)
+
+    def execute(self, context: Context) -> Any:
+        try:
+            if not self.deferrable:
+                return super().execute(context)
+            status = self._status()
+            if status.matched:
+                return status.depth
+        finally:
+            self._close()
+        self.defer(
+            trigger=BabelQueueDepthTrigger(
+                queue_name=self.queue_name,
+                babelqueue_conn_id=self.babelqueue_conn_id,
+                which=self.which,
+                comparison=self.comparison,
+                threshold=int(self.threshold),
+                consecutive=self.consecutive,
+                observation_interval=self.observation_interval,
+                poll_interval=self._poll_interval(),
+            ),
+            method_name="execute_complete",
+            timeout=self._defer_timeout(),
+        )
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> int:
+        return int(self._event_value(event)["depth"])
+
+
+class BabelQueueDeadLetterSensor(_BabelQueueSensor):
+    """Waits until dead letters arrive; returns ``{"depth", "matching", "sample"}`` to XCom, the sample
+    being up to ``sample_size`` ``{meta_id, urn, reason}`` entries (where the broker can browse its DLQ).
+
+    :param babelqueue_conn_id: the BabelQueue connection; its type picks the broker.
+    :param queue_name: the queue whose dead-letter queue is watched (templated).
+    :param min_count: how many dead letters (or new ones, see below) end the wait.
+    :param new_only: count only dead letters that arrive after the sensor starts (its first observation is
+        the baseline). Reschedule mode cannot keep that baseline between pokes: pass ``baseline`` there.
+    :param baseline: an explicit starting depth (e.g. pulled from an earlier task); growth over it counts.
+    :param reasons: only dead letters with one of these ``dead_letter.reason`` values count (templated).
+    :param urns: only dead letters with one of these URNs count (templated).
+    :param sample_size: how many entries the XCom sample holds.
+    :param deferrable: free the worker slot while waiting; defaults to ``[operators] default_deferrable``.
+    """
+
+    template_fields: Sequence[str] = ("queue_name", "reasons", "urns", "baseline")
+    ui_color = "#f8e8e8"
+
+    def __init__(
+        self,
+        *,
+        queue_name: str,
+        babelqueue_conn_id: str = DEFAULT_CONN_ID,
+        min_count: int = 1,
+        new_only: bool = False,
+        baseline: int | None = None,
+        reasons: Sequence[str] | None = None,
+        urns: Sequence[str] | None = None,
+        sample_size: int = 5,
+        deferrable: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            babelqueue_conn_id=babelqueue_conn_id,
+            deferrable=_default_deferrable() if deferrable is None else deferrable,
+            **kwargs,
+        )
+        if min_count < 1:
+            raise ValueError(f"min_count must be at least 1, got {min_count}")
+        if new_only and baseline is None and self.mode == "reschedule" and not self.deferrable:
+            raise ValueError(
+                "new_only needs a baseline kept between pokes: use poke or deferrable mode, or pass "
+                "baseline explicitly in reschedule mode"
+            )
+        self.queue_name = queue_name
+        self.min_count = min_count
+        self.new_only = new_only
+        self.baseline = baseline
+        self.reasons = reasons
+        self.urns = urns
+        self.sample_size = sample_size
+        self._start_depth: int | None = None
+
+    def _baseline(self) -> int | None:
+        if self.baseline is not None:
+            return int(self.baseline)
+        if not self.new_only:
+            return None
+        if self._start_depth is None:
+            self._start_depth = self.binding.dead_letter_depth(self.queue_name)
+            self.log.info("baseline for %s: %d dead letters already there", self.queue_name, self._start_depth)
+        return self._start_depth
+
+    def _status(self, baseline: int | None) -> Any:
+        return dead_letter_status(
+            self.binding,
+            self.queue_name,
+            min_count=self.min_count,
+            baseline=baseline,
+            reasons=list(self.reasons) if self.reasons else None,
+            urns=list(self.urns) if self.urns else None,
+            sample_size=self.sample_size,
+        )
+
+    def poke(self, context: Context) -> PokeReturnValue:
+        status = self._status(self._baseline())
+        self.log.info("dead letters of %s: depth %d, matching %d", self.queue_name, status.depth, status.matching)
+        return PokeReturnValue(is_done=status.matched, xcom_value=status.as_dict())
+
+    def execute(self, context: Context) -> Any:
+        try:
+            if not self.deferrable:
+                return super().execute(context)
+            baseline = self._baseline()
+            status = self._status(baseline)
+            if status.matched:
+                return status.as_dict()
+        finally:
+            self._close()
+        self.defer(
+            trigger=BabelQueueDeadLetterTrigger(
+                queue_name=self.queue_name,
+                babelqueue_conn_id=self.babelqueue_conn_id,
+                min_count=self.min_count,
+                baseline=baseline,
+                since_start=False,
+                reasons=list(self.reasons) if self.reasons else None,
+                urns=list(self.urns) if self.urns else None,
+                sample_size=self.sample_size,
+                poll_interval=self._poll_interval(),
+            ),
+            method_name="execute_complete",
+            timeout=self._defer_timeout(),
+        )
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        value = self._event_value(event)
+        return {"depth": value["depth"], "matching": value["matching"], "sample": value["sample"]}

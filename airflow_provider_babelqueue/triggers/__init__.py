@@ -1,0 +1,7 @@
+"""Triggers for deferrable sensors and event-driven (AssetWatcher) DAGs."""
+
+from __future__ import annotations
+
+from .queue import BabelQueueDeadLetterTrigger, BabelQueueDepthTrigger
+
+__all__ = ["BabelQueueDeadLetterTrigger", "BabelQueueDepthTrigger"]

@@ -1,0 +1,232 @@
+"""Triggers: queue depth (for the deferrable depth sensor) and dead-letter arrival (an event trigger).
+
+Both run the same pure checks as the sensors (:mod:`airflow_provider_babelqueue.checks`). Broker calls are
+blocking, so each trigger owns one worker thread that creates the hook and binding once and reuses them
+for every poll; the event loop only awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
+
+from ..bindings.base import Binding
+from ..checks import dead_letter_status, depth_status, validate_depth_args
+from ..hooks import DEFAULT_CONN_ID, get_hook
+
+__all__ = ["BabelQueueDeadLetterTrigger", "BabelQueueDepthTrigger"]
+
+T = TypeVar("T")
+
+
+class _BrokerThread:
+    """One thread that owns a hook: broker clients are created once and only ever used from it (some
+    clients, like pika's, must not be shared between threads)."""
+
+    def __init__(self, conn_id: str) -> None:
+        self.conn_id = conn_id
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="babelqueue-trigger")
+        self._hook: Any = None
+
+    def _call(self, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
+        if self._hook is None:
+            self._hook = get_hook(self.conn_id)
+        return fn(self._hook.get_binding(), *args, **kwargs)
+
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._call, fn, args, kwargs)
+
+    def close(self) -> None:
+        hook = self._hook
+        if hook is not None:
+            self._executor.submit(hook.close)
+        self._executor.shutdown(wait=False)
+
+
+class BabelQueueDepthTrigger(BaseTrigger):
+    """Fires once when a queue's depth satisfies a comparison (see ``BabelQueueQueueDepthSensor``).
+
+    :param poll_interval: seconds between checks; the binding's client is reused between them.
+    """
+
+    def __init__(
+        self,
+        *,
+        queue_name: str,
+        babelqueue_conn_id: str = DEFAULT_CONN_ID,
+        which: str = "ready",
+        comparison: str = ">=",
+        threshold: int = 1,
+        consecutive: int = 1,
+        observation_interval: float = 1.0,
+        poll_interval: float = 30.0,
+    ) -> None:
+        super().__init__()
+        validate_depth_args(which, comparison, threshold, consecutive)
+        self.babelqueue_conn_id = babelqueue_conn_id
+        self.queue_name = queue_name
+        self.which = which
+        self.comparison = comparison
+        self.threshold = threshold
+        self.consecutive = consecutive
+        self.observation_interval = observation_interval
+        self.poll_interval = poll_interval
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "queue_name": self.queue_name,
+                "babelqueue_conn_id": self.babelqueue_conn_id,
+                "which": self.which,
+                "comparison": self.comparison,
+                "threshold": self.threshold,
+                "consecutive": self.consecutive,
+                "observation_interval": self.observation_interval,
+                "poll_interval": self.poll_interval,
+            },
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        broker = _BrokerThread(self.babelqueue_conn_id)
+        try:
+            while True:
+                status = await broker.call(
+                    _depth,
+                    self.queue_name,
+                    self.which,
+                    self.comparison,
+                    self.threshold,
+                    self.consecutive,
+                    self.observation_interval,
+                )
+                self.log.info("%s depth of %s: %s", self.which, self.queue_name, list(status.observations))
+                if status.matched:
+                    yield TriggerEvent({"status": "success", "depth": status.depth, "queue_name": self.queue_name})
+                    return
+                await asyncio.sleep(self.poll_interval)
+        except Exception as exc:  # noqa: BLE001 - the task turns this into a clear failure
+            yield TriggerEvent({"status": "error", "message": f"{type(exc).__name__}: {exc}"})
+        finally:
+            broker.close()
+
+
+def _depth(
+    binding: Binding, queue_name: str, which: str, comparison: str, threshold: int, consecutive: int, interval: float
+) -> Any:
+    return depth_status(
+        binding,
+        queue_name,
+        which=which,
+        comparison=comparison,
+        threshold=threshold,
+        consecutive=consecutive,
+        interval=interval,
+    )
+
+
+class BabelQueueDeadLetterTrigger(BaseEventTrigger):
+    """Fires when dead letters arrive; usable by a deferred sensor and by ``AssetWatcher``.
+
+    By default (``since_start=True``) only dead letters that arrive after the trigger started count: the
+    first observation is the baseline, and after each event the baseline moves to the depth it reported.
+    That is what an event-driven DAG needs: a restarted trigger does not fire again for an old backlog.
+    It keeps polling after an event, so one watcher reports every later arrival too.
+
+    :param min_count: how many (new) dead letters make an event.
+    :param baseline: an explicit starting depth (the deferrable sensor passes the one it measured).
+    :param since_start: without a baseline, take the first observation as the baseline; ``False`` fires as
+        soon as the DLQ holds ``min_count`` messages.
+    :param reasons: only dead letters with one of these ``dead_letter.reason`` values count (needs a broker
+        that can browse its DLQ).
+    :param urns: only dead letters with one of these URNs count (same condition).
+    :param sample_size: how many ``{meta_id, urn, reason}`` entries the event carries.
+    :param poll_interval: seconds between checks; the binding's client is reused between them.
+    """
+
+    def __init__(
+        self,
+        *,
+        queue_name: str,
+        babelqueue_conn_id: str = DEFAULT_CONN_ID,
+        min_count: int = 1,
+        baseline: int | None = None,
+        since_start: bool = True,
+        reasons: Sequence[str] | None = None,
+        urns: Sequence[str] | None = None,
+        sample_size: int = 5,
+        poll_interval: float = 30.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if min_count < 1:
+            raise ValueError(f"min_count must be at least 1, got {min_count}")
+        self.babelqueue_conn_id = babelqueue_conn_id
+        self.queue_name = queue_name
+        self.min_count = min_count
+        self.baseline = baseline
+        self.since_start = since_start
+        self.reasons = list(reasons) if reasons else None
+        self.urns = list(urns) if urns else None
+        self.sample_size = sample_size
+        self.poll_interval = poll_interval
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "queue_name": self.queue_name,
+                "babelqueue_conn_id": self.babelqueue_conn_id,
+                "min_count": self.min_count,
+                "baseline": self.baseline,
+                "since_start": self.since_start,
+                "reasons": self.reasons,
+                "urns": self.urns,
+                "sample_size": self.sample_size,
+                "poll_interval": self.poll_interval,
+            },
+        )
+
+    def _status(self, binding: Binding, baseline: int | None) -> Any:
+        return dead_letter_status(
+            binding,
+            self.queue_name,
+            min_count=self.min_count,
+            baseline=baseline,
+            reasons=self.reasons,
+            urns=self.urns,
+            sample_size=self.sample_size,
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        broker = _BrokerThread(self.babelqueue_conn_id)
+        baseline = self.baseline
+        try:
+            if baseline is None and self.since_start:
+                baseline = await broker.call(lambda binding: binding.dead_letter_depth(self.queue_name))
+                self.log.info("watching dead letters of %s from depth %d", self.queue_name, baseline)
+            while True:
+                status = await broker.call(self._status, baseline)
+                if status.matched:
+                    new = status.depth - baseline if baseline is not None else status.depth
+                    payload = {
+                        "status": "success",
+                        "queue_name": self.queue_name,
+                        "babelqueue_conn_id": self.babelqueue_conn_id,
+                        "new": new,
+                        **status.as_dict(),
+                    }
+                    self.log.info("dead letters arrived on %s: %s", self.queue_name, payload)
+                    yield TriggerEvent(payload)
+                    baseline = status.depth
+                elif baseline is not None and status.depth < baseline:
+                    baseline = status.depth  # drained meanwhile: count arrivals from the new level
+                await asyncio.sleep(self.poll_interval)
+        except Exception as exc:  # noqa: BLE001 - the task or the watcher log turns this into a clear failure
+            yield TriggerEvent({"status": "error", "message": f"{type(exc).__name__}: {exc}"})
+        finally:
+            broker.close()

@@ -1,0 +1,88 @@
+"""The pure checks behind sensors and triggers, on every binding."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_provider_babelqueue import envelope as bq
+from airflow_provider_babelqueue.bindings.base import Binding, NotSupportedError
+from airflow_provider_babelqueue.checks import compare, dead_letter_status, depth_status
+
+
+def publish(binding: Binding, queue_name: str, urn: str = "urn:babel:orders:created", n: int = 1) -> None:
+    for i in range(n):
+        binding.publish(bq.encode(bq.make_envelope(urn, {"n": i}, queue_name=queue_name)), queue_name)
+
+
+def dead_letter(binding: Binding, queue_name: str, reason: str, urn: str = "urn:babel:orders:created") -> str:
+    publish(binding, queue_name, urn)
+    message = binding.reserve(queue_name, timeout=1)
+    binding.dead_letter(message, reason)
+    return message.meta_id
+
+
+@pytest.mark.parametrize(
+    ("observed", "comparison", "threshold", "expected"),
+    [(3, ">=", 3, True), (3, ">", 3, False), (0, "<=", 0, True), (1, "<", 1, False), (2, "==", 2, True)],
+)
+def test_compare(observed: int, comparison: str, threshold: int, expected: bool) -> None:
+    assert compare(observed, comparison, threshold) is expected
+
+
+def test_compare_rejects_unknown_operators() -> None:
+    with pytest.raises(ValueError, match="comparison must be one of >=, >, <=, <, =="):
+        compare(1, "=>", 1)
+
+
+def test_depth_status_on_ready_and_dead_letter_queues(binding: Binding, queue_name: str) -> None:
+    assert depth_status(binding, queue_name).matched is False
+    publish(binding, queue_name, n=3)
+    status = depth_status(binding, queue_name, comparison=">=", threshold=3)
+    assert (status.matched, status.depth) == (True, 3)
+    assert depth_status(binding, queue_name, which="dead_letter", comparison="==", threshold=0).matched
+    assert depth_status(binding, queue_name, comparison="<=", threshold=0).matched is False
+
+
+def test_consecutive_observations_all_have_to_match(binding: Binding, queue_name: str) -> None:
+    publish(binding, queue_name, n=2)
+    sleeps: list[float] = []
+
+    def drain_one_between_observations(seconds: float) -> None:
+        sleeps.append(seconds)
+        binding.ack(binding.reserve(queue_name, timeout=1))
+
+    status = depth_status(
+        binding, queue_name, threshold=2, consecutive=3, interval=0.25, sleep=drain_one_between_observations
+    )
+    assert status.matched is False and status.observations == (2, 1) and sleeps == [0.25]
+    steady = depth_status(binding, queue_name, threshold=1, consecutive=3, interval=0.0, sleep=lambda s: None)
+    assert steady.matched and steady.observations == (1, 1, 1)
+
+
+def test_dead_letter_status_counts_and_growth(binding: Binding, queue_name: str) -> None:
+    assert dead_letter_status(binding, queue_name).matched is False
+    first = dead_letter(binding, queue_name, "failed")
+    status = dead_letter_status(binding, queue_name)
+    assert (status.matched, status.depth, status.matching) == (True, 1, 1)
+    if binding.can_browse:
+        assert status.sample == [{"meta_id": first, "urn": "urn:babel:orders:created", "reason": "failed"}]
+    assert dead_letter_status(binding, queue_name, baseline=1).matched is False
+    dead_letter(binding, queue_name, "unknown_urn")
+    assert dead_letter_status(binding, queue_name, baseline=1).matched is True
+    assert dead_letter_status(binding, queue_name, baseline=1, min_count=2).matched is False
+
+
+def test_dead_letter_filters_by_reason_and_urn(binding: Binding, queue_name: str) -> None:
+    dead_letter(binding, queue_name, "failed", urn="urn:babel:orders:created")
+    dead_letter(binding, queue_name, "unknown_urn", urn="urn:babel:billing:charged")
+    binding.publish(b"\xff poison", queue_name)
+    binding.dead_letter(binding.reserve(queue_name, timeout=1), "poison")
+    if not binding.can_browse:
+        with pytest.raises(NotSupportedError, match="needs a broker that can browse"):
+            dead_letter_status(binding, queue_name, reasons=["failed"])
+        return
+    by_reason = dead_letter_status(binding, queue_name, reasons=["unknown_urn", "poison"])
+    assert (by_reason.matched, by_reason.depth, by_reason.matching) == (True, 3, 2)
+    assert [e["reason"] for e in by_reason.sample] == ["unknown_urn", "poison"]
+    by_urn = dead_letter_status(binding, queue_name, urns=["urn:babel:billing:charged"], min_count=2)
+    assert (by_urn.matched, by_urn.matching) == (False, 1)

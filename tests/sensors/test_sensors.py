@@ -1,0 +1,123 @@
+"""Both sensors in every mode (poke, reschedule, deferrable) inside real DAGs under dag.test(), which runs
+deferred triggers inline. Messages arrive from a background thread after the DAG started."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import threading
+import time
+import uuid
+
+import pytest
+from airflow.sdk import DAG
+
+from airflow_provider_babelqueue import envelope as bq
+from airflow_provider_babelqueue.hooks import get_hook
+from airflow_provider_babelqueue.sensors import BabelQueueDeadLetterSensor, BabelQueueQueueDepthSensor
+from tests.airflow_harness import run_dag, task_states, xcom
+
+CONNECTIONS = {
+    "babelqueue_default": None,
+    "bq_sensor_redis": {
+        "conn_type": "babelqueue_redis",
+        "host": "127.0.0.1",
+        "port": 6379,
+        "extra": {"key_prefix": "bqsensor:"},
+    },
+}
+
+
+ERRORS: list[BaseException] = []
+
+
+def later(conn_id: str, queue: str, delay: float, started: threading.Event) -> threading.Thread:
+    """Once the first sensor runs, wait ``delay`` s and publish two messages; ``delay`` s later publish a third
+    and dead-letter the oldest as unknown_urn (the backlog stays at two)."""
+
+    def act() -> None:
+        try:
+            work()
+        except BaseException as exc:  # surfaced by the test: a silent producer would look like a sensor bug
+            ERRORS.append(exc)
+            raise
+
+    def work() -> None:
+        assert started.wait(timeout=60), "the first sensor never started"
+        hook = get_hook(conn_id)
+        binding = hook.get_binding()
+        try:
+            time.sleep(delay)
+            for i in range(3):
+                if i == 2:
+                    time.sleep(delay)
+                body = bq.encode(bq.make_envelope("urn:babel:orders:created", {"i": i}, queue_name=queue))
+                binding.publish(body, queue)
+            message = binding.reserve(queue, timeout=2)
+            binding.dead_letter(message, "unknown_urn")
+        finally:
+            hook.close()
+
+    thread = threading.Thread(target=act, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("mode", ["poke", "reschedule", "deferrable"])
+@pytest.mark.parametrize("conn_id", list(CONNECTIONS))
+def test_sensors_wait_for_depth_and_dead_letters(conn_id: str, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if CONNECTIONS[conn_id] is not None:
+        monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(CONNECTIONS[conn_id]))
+    queue = f"sense-{uuid.uuid4().hex[:8]}"
+    started = threading.Event()  # set when the first sensor starts: it must then wait for the arrivals
+    common = {
+        "babelqueue_conn_id": conn_id,
+        "queue_name": queue,
+        "poke_interval": 0.5,
+        "timeout": 60,
+        "mode": "reschedule" if mode == "reschedule" else "poke",
+        "deferrable": mode == "deferrable",
+    }
+    with DAG(
+        f"bq_sensors_{mode}_{uuid.uuid4().hex[:6]}", schedule=None, start_date=datetime.datetime(2026, 1, 1)
+    ) as dag:
+        depth = BabelQueueQueueDepthSensor(
+            task_id="backlog", comparison=">=", threshold=2, on_execute_callback=lambda context: started.set(), **common
+        )
+        dead = BabelQueueDeadLetterSensor(task_id="dead_letters", reasons=["unknown_urn"], **common)
+        depth >> dead
+    thread = later(conn_id, queue, 1.5, started)
+    run = run_dag(dag)
+    thread.join(timeout=30)
+    assert not ERRORS, ERRORS
+    assert task_states(run) == {"backlog": "success", "dead_letters": "success"}
+    assert xcom(run, "backlog") == 2
+    result = xcom(run, "dead_letters")
+    assert (result["depth"], result["matching"]) == (1, 1)
+    assert [(e["urn"], e["reason"]) for e in result["sample"]] == [("urn:babel:orders:created", "unknown_urn")]
+
+
+def test_depth_sensor_with_consecutive_observations() -> None:
+    queue = f"sense-{uuid.uuid4().hex[:8]}"
+    hook = get_hook()
+    hook.get_binding().publish(bq.encode(bq.make_envelope("urn:x", {})), queue)
+    hook.close()
+    sensor = BabelQueueQueueDepthSensor(
+        task_id="s", queue_name=queue, threshold=1, consecutive=3, observation_interval=0.1, deferrable=False
+    )
+    value = sensor.poke({})
+    assert (value.is_done, value.xcom_value) == (True, 1)
+    sensor._close()
+
+
+def test_new_only_in_reschedule_mode_needs_a_baseline() -> None:
+    with pytest.raises(ValueError, match="new_only needs a baseline"):
+        BabelQueueDeadLetterSensor(task_id="s", queue_name="q", new_only=True, mode="reschedule", deferrable=False)
+    BabelQueueDeadLetterSensor(task_id="s", queue_name="q", new_only=True, baseline=3, mode="reschedule")
+
+
+def test_deferrable_defaults_to_the_airflow_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "True")
+    assert BabelQueueQueueDepthSensor(task_id="s", queue_name="q").deferrable is True
+    monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "False")
+    assert BabelQueueQueueDepthSensor(task_id="s", queue_name="q").deferrable is False

@@ -1,0 +1,150 @@
+"""Triggers: serialization round trips, events, a responsive event loop, continuous arrival events."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import time
+import uuid
+
+import pytest
+
+from airflow_provider_babelqueue import envelope as bq
+from airflow_provider_babelqueue.hooks import get_hook
+from airflow_provider_babelqueue.triggers import BabelQueueDeadLetterTrigger, BabelQueueDepthTrigger
+
+REDIS = {"conn_type": "babelqueue_redis", "host": "127.0.0.1", "port": 6379, "extra": {"key_prefix": "bqtrig:"}}
+
+
+@pytest.fixture
+def redis_conn(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("AIRFLOW_CONN_BQ_TRIG", json.dumps(REDIS))
+    return "bq_trig"
+
+
+def rebuild(trigger: object) -> object:
+    path, kwargs = trigger.serialize()  # type: ignore[attr-defined]
+    module, _, name = path.rpartition(".")
+    json.dumps(kwargs)  # what the triggerer stores must be JSON
+    return getattr(importlib.import_module(module), name)(**kwargs)
+
+
+def test_depth_trigger_round_trip() -> None:
+    trigger = BabelQueueDepthTrigger(
+        queue_name="orders",
+        babelqueue_conn_id="c",
+        which="dead_letter",
+        comparison="<",
+        threshold=4,
+        consecutive=3,
+        observation_interval=0.5,
+        poll_interval=7,
+    )
+    assert rebuild(trigger).serialize() == trigger.serialize()
+    assert trigger.serialize()[0] == "airflow_provider_babelqueue.triggers.queue.BabelQueueDepthTrigger"
+
+
+def test_dead_letter_trigger_round_trip() -> None:
+    trigger = BabelQueueDeadLetterTrigger(
+        queue_name="orders",
+        babelqueue_conn_id="c",
+        min_count=2,
+        baseline=5,
+        since_start=False,
+        reasons=["failed"],
+        urns=["u"],
+        sample_size=3,
+        poll_interval=9,
+    )
+    assert rebuild(trigger).serialize() == trigger.serialize()
+
+
+def test_bad_trigger_arguments() -> None:
+    with pytest.raises(ValueError, match="comparison must be one of"):
+        BabelQueueDepthTrigger(queue_name="q", comparison="~")
+    with pytest.raises(ValueError, match="min_count must be at least 1"):
+        BabelQueueDeadLetterTrigger(queue_name="q", min_count=0)
+
+
+def test_depth_trigger_fires_without_blocking_the_event_loop(redis_conn: str) -> None:
+    queue = f"trig-{uuid.uuid4().hex[:8]}"
+    hook = get_hook(redis_conn)
+    binding = hook.get_binding()
+    trigger = BabelQueueDepthTrigger(queue_name=queue, babelqueue_conn_id=redis_conn, threshold=2, poll_interval=0.1)
+
+    async def scenario() -> tuple[dict, float]:
+        gaps: list[float] = []
+        stop = asyncio.Event()
+
+        async def ticker() -> None:
+            last = time.monotonic()
+            while not stop.is_set():
+                await asyncio.sleep(0.01)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+        async def producer() -> None:
+            await asyncio.sleep(0.5)
+            for i in range(2):
+                await asyncio.to_thread(binding.publish, bq.encode(bq.make_envelope("urn:x", {"i": i})), queue)
+
+        tick = asyncio.create_task(ticker())
+        asyncio.create_task(producer())
+        event = await asyncio.wait_for(anext(trigger.run()), timeout=20)
+        stop.set()
+        await tick
+        return event.payload, max(gaps)
+
+    try:
+        payload, worst_gap = asyncio.run(scenario())
+    finally:
+        hook.close()
+    assert payload == {"status": "success", "depth": 2, "queue_name": queue}
+    assert worst_gap < 0.5  # broker calls ran off the loop
+
+
+def test_dead_letter_trigger_reports_each_arrival_after_start(redis_conn: str) -> None:
+    queue = f"trig-{uuid.uuid4().hex[:8]}"
+    hook = get_hook(redis_conn)
+    binding = hook.get_binding()
+
+    def dead_letter(reason: str) -> str:
+        binding.publish(bq.encode(bq.make_envelope("urn:babel:orders:created", {}, queue_name=queue)), queue)
+        message = binding.reserve(queue, timeout=1)
+        binding.dead_letter(message, reason)
+        return message.meta_id
+
+    old = dead_letter("failed")  # a backlog that must not fire an event
+    trigger = BabelQueueDeadLetterTrigger(
+        queue_name=queue, babelqueue_conn_id=redis_conn, poll_interval=0.1, sample_size=10
+    )
+
+    async def scenario() -> list[dict]:
+        events = trigger.run()
+        waiting = asyncio.ensure_future(anext(events))
+        await asyncio.sleep(0.5)
+        assert not waiting.done()
+        first_id = await asyncio.to_thread(dead_letter, "unknown_urn")
+        first = await asyncio.wait_for(waiting, timeout=10)
+        second_id = await asyncio.to_thread(dead_letter, "poison")
+        second = await asyncio.wait_for(anext(events), timeout=10)
+        await events.aclose()
+        return [first.payload | {"id": first_id}, second.payload | {"id": second_id}]
+
+    try:
+        first, second = asyncio.run(scenario())
+    finally:
+        hook.close()
+    assert (first["status"], first["new"], first["depth"]) == ("success", 1, 2)
+    assert [e["meta_id"] for e in first["sample"]] == [old, first["id"]]
+    assert (second["new"], second["depth"]) == (1, 3)
+    assert first["queue_name"] == queue and first["babelqueue_conn_id"] == redis_conn
+
+
+def test_trigger_errors_become_error_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_BQ_DOWN", json.dumps({"conn_type": "babelqueue_redis", "port": 1}))
+    trigger = BabelQueueDepthTrigger(queue_name="q", babelqueue_conn_id="bq_down", poll_interval=0.1)
+    event = asyncio.run(asyncio.wait_for(anext(trigger.run()), timeout=30))
+    assert event.payload["status"] == "error" and "127.0.0.1:1" in event.payload["message"]
