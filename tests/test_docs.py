@@ -16,6 +16,8 @@ PAGES = {
     "airflow_provider_babelqueue.operators.consume.BabelQueueConsumeOperator": "docs/operators/consume.md",
     "airflow_provider_babelqueue.operators.drain.BabelQueueDrainDeadLettersOperator": "docs/operators/drain.md",
     "airflow_provider_babelqueue.operators.replay.BabelQueueReplayOperator": "docs/operators/replay.md",
+    "airflow_provider_babelqueue.sensors.queue.BabelQueueQueueDepthSensor": "docs/sensors.md",
+    "airflow_provider_babelqueue.sensors.queue.BabelQueueDeadLetterSensor": "docs/sensors.md",
 }
 
 
