@@ -24,6 +24,8 @@ DEFAULT_CONN_ID = "babelqueue_default"
 HOOK_CLASSES = {
     "babelqueue_sql": "airflow_provider_babelqueue.hooks.sql.BabelQueueSqlHook",
     "babelqueue_redis": "airflow_provider_babelqueue.hooks.redis.BabelQueueRedisHook",
+    "babelqueue_rabbitmq": "airflow_provider_babelqueue.hooks.rabbitmq.BabelQueueRabbitMQHook",
+    "babelqueue_sqs": "airflow_provider_babelqueue.hooks.sqs.BabelQueueSqsHook",
 }
 
 

@@ -20,7 +20,8 @@ POSTGRES_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 REDIS_URL = os.environ.get("BABELQUEUE_TEST_REDIS_URL", f"redis://{REDIS_HOST}:{REDIS_PORT}/0")
 
-BINDINGS = ["memory", "sql-sqlite", "sql-postgresql", "redis"]
+BINDINGS = ["memory", "sql-sqlite", "sql-postgresql", "redis", "rabbitmq", "sqs"]
+RABBITMQ_HOST, RABBITMQ_PORT = "127.0.0.1", 5672
 
 Factory = Callable[..., Binding]
 
@@ -81,11 +82,53 @@ def _redis(tmp_path: Path, cleanups: list[Callable[[], None]], **options: Any) -
     return binding
 
 
+def _rabbitmq(tmp_path: Path, cleanups: list[Callable[[], None]], **options: Any) -> Binding:
+    import pika
+
+    from airflow_provider_babelqueue.bindings.rabbitmq import RabbitMQBinding, RabbitMQConfig
+
+    binding = RabbitMQBinding(RabbitMQConfig(host=RABBITMQ_HOST, port=RABBITMQ_PORT, **options))
+
+    def drop() -> None:  # every queue the binding created: main, DLQ, "-other", delay queues
+        connection = pika.BlockingConnection(pika.ConnectionParameters(RABBITMQ_HOST, RABBITMQ_PORT))
+        channel = connection.channel()
+        for name in sorted(binding.declared_queues):
+            channel.queue_delete(name)
+        connection.close()
+
+    cleanups.append(drop)
+    cleanups.append(binding.close)  # runs first: unacked deliveries are released before the queues go
+    return binding
+
+
+def _sqs(tmp_path: Path, cleanups: list[Callable[[], None]], **options: Any) -> Binding:
+    from airflow_provider_babelqueue.bindings.sqs import SqsBinding, SqsConfig
+    from tests.bindings.sqs_server import REGION, delete_queues_except, moto_endpoint, queue_urls, sqs_client
+
+    endpoint = moto_endpoint()
+    admin = sqs_client(endpoint)
+    before = queue_urls(admin)
+    binding = SqsBinding(
+        SqsConfig(
+            region_name=REGION,
+            endpoint_url=endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            **options,
+        )
+    )
+    cleanups.append(binding.close)
+    cleanups.append(lambda: delete_queues_except(admin, before))
+    return binding
+
+
 FACTORIES = {
     "memory": _memory,
     "sql-sqlite": _sqlite,
     "sql-postgresql": _postgres,
     "redis": _redis,
+    "rabbitmq": _rabbitmq,
+    "sqs": _sqs,
 }
 
 
