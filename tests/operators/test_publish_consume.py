@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import json
 import uuid
 
 import pytest
@@ -14,36 +13,15 @@ from airflow_provider_babelqueue.hooks import get_hook
 from airflow_provider_babelqueue.operators.consume import BabelQueueConsumeOperator, resolve_handlers
 from airflow_provider_babelqueue.operators.publish import BabelQueuePublishOperator
 from tests.airflow_harness import run_dag, task_states, xcom
+from tests.connections import ALL, define
 from tests.operators import handlers
 
 TRACE = "7b3f9c2a-e41d-4f88-9b2a-1c0d5e6f7a8b"
 
-# conn id → connection spec (None = the embedded default, no connection defined)
-CONNECTIONS = {
-    "babelqueue_default": None,
-    "bq_op_postgres": {
-        "conn_type": "babelqueue_sql",
-        "host": "127.0.0.1",
-        "port": 5432,
-        "login": "postgres",
-        "schema": "test",
-        "extra": {"dialect": "postgresql", "table": "op_jobs"},
-    },
-    "bq_op_redis": {
-        "conn_type": "babelqueue_redis",
-        "host": "127.0.0.1",
-        "port": 6379,
-        "extra": {"key_prefix": "bqop:"},
-    },
-}
 
-
-@pytest.fixture(params=list(CONNECTIONS))
+@pytest.fixture(params=ALL)
 def conn_id(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    spec = CONNECTIONS[request.param]
-    if spec is not None:
-        monkeypatch.setenv(f"AIRFLOW_CONN_{request.param.upper()}", json.dumps(spec))
-    return request.param
+    return define(monkeypatch, request.param)
 
 
 def test_publish_then_consume_in_one_dag(conn_id: str) -> None:
