@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import ssl as ssl_module
 import threading
 import time
@@ -149,6 +150,8 @@ class RabbitMQConfig:
             raise ValueError("dead_letter_suffix must not be empty: the DLQ would be the queue itself")
         if (vt := self.visibility_timeout) is not None and not (math.isfinite(vt) and vt > 0):
             raise ValueError(f"visibility_timeout must be a positive number of seconds or None, got {vt}")
+        if self.ssl_ca_certs and not self.ssl:
+            raise ValueError("ssl_ca_certs is set but ssl is off: turn ssl on (amqps) or remove the CA bundle")
 
     @classmethod
     def from_url(cls, url: str, **overrides: Any) -> RabbitMQConfig:
@@ -184,6 +187,8 @@ class RabbitMQConfig:
         if self.socket_timeout is not None:
             options.update(socket_timeout=self.socket_timeout, stack_timeout=self.socket_timeout * 3)
         if self.ssl:
+            if self.ssl_ca_certs and not os.path.isfile(self.ssl_ca_certs):  # checked here: the worker's files
+                raise BindingError(f"ssl_ca_certs {self.ssl_ca_certs!r} is not a readable file on this worker")
             options["ssl_options"] = pika.SSLOptions(ssl_module.create_default_context(cafile=self.ssl_ca_certs),
                                                      self.host)
         return pika.ConnectionParameters(host=self.host, port=self.port, virtual_host=self.virtual_host,
