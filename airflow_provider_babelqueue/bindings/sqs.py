@@ -134,7 +134,7 @@ class SqsConfig:
     dead_letter_suffix: str = "-failed"
     wait_time_seconds: int = 20
     visibility_timeout: float | None = None
-    max_message_bytes: int = 262_144
+    max_message_bytes: int = SERVICE_MAX_MESSAGE_BYTES
     include_in_flight_in_depth: bool = False
     create_queues: bool = True
 

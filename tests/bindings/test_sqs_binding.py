@@ -247,7 +247,7 @@ def test_batch_of_25_is_three_native_batches_in_order(make: Factory, recorder: R
 
 
 def test_batches_respect_the_byte_budget(make: Factory, recorder: Recorder, q: str) -> None:
-    binding = make(client=recorder.client)
+    binding = make(client=recorder.client, max_message_bytes=262_144)  # a queue kept at the 256 KiB default
     bodies = [body_for(q, i, pad="x" * 60_000) for i in range(10)]  # ~60 KB each: 4 fit in 256 KiB
     binding.publish_batch(bodies, q)
     batches = recorder.of("SendMessageBatch")
@@ -265,7 +265,7 @@ def test_batches_respect_the_byte_budget(make: Factory, recorder: Recorder, q: s
 
 
 def test_oversize_messages_are_refused_before_sending(make: Factory, recorder: Recorder, q: str) -> None:
-    binding = make(client=recorder.client)
+    binding = make(client=recorder.client, max_message_bytes=262_144)
     huge = body_for(q, pad="x" * 262_144)
     with pytest.raises(BindingError, match=r"max_message_bytes=262144; nothing was sent"):
         binding.publish(huge, q)
@@ -274,9 +274,17 @@ def test_oversize_messages_are_refused_before_sending(make: Factory, recorder: R
     assert caught.value.failed == [0, 1, 2]
     assert recorder.of("SendMessage") == [] and recorder.of("SendMessageBatch") == []
     assert binding.depth(q) == 0
-    roomy = make(max_message_bytes=1_048_576)  # SQS's maximum since 2025, when the queue allows it
+    roomy = make()  # the default limit is the service maximum (1 MiB since 2025)
     roomy.publish(huge, f"{q}-big")
     assert roomy.reserve(f"{q}-big").body == huge
+
+
+def test_the_default_limit_is_the_service_maximum(make: Factory, recorder: Recorder, q: str) -> None:
+    binding = make(client=recorder.client)
+    assert binding.config.max_message_bytes == 1_048_576
+    with pytest.raises(BindingError, match=r"max_message_bytes=1048576; nothing was sent"):
+        binding.publish(body_for(q, pad="x" * 1_048_576), q)
+    assert recorder.of("SendMessage") == []
 
 
 def test_batch_failures_name_exactly_the_refused_entries(make: Factory, recorder: Recorder, q: str) -> None:
