@@ -331,6 +331,19 @@ class DrainResult:
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
+def _give_back(binding: Binding, messages: Sequence[ReceivedMessage],
+               log: logging.Logger | logging.LoggerAdapter) -> None:
+    """Give reserved dead letters back to their DLQ unchanged (``release_many``); a failure is logged, not
+    raised: each of them returns after the binding's visibility timeout anyway."""
+    if not messages:
+        return
+    try:
+        binding.release_many(messages)
+    except Exception:  # noqa: BLE001 - it comes back after the visibility timeout anyway
+        log.exception("could not release %d dead letters of %r; they return to the DLQ after the binding's "
+                      "visibility timeout", len(messages), messages[0].queue_name)
+
+
 def file_name(run_id: str | None, unique: str) -> str:
     """``dlq-<run id, or UTC time>-<unique>.jsonl``, with characters unsafe in object keys replaced."""
     stamp = run_id or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -353,6 +366,10 @@ class _Drain:
         self.durable = 0  # bytes of the file known durable (written + synced)
         self.unsynced: list[tuple[Binding, ReceivedMessage]] = []  # in the buffer or written, not durable
         self.unacked: list[tuple[Binding, ReceivedMessage]] = []  # durable, not acked yet
+        # The reservation batch being buffered: its first ``taken`` messages are in ``unsynced`` (or further).
+        self.hand: list[ReceivedMessage] = []
+        self.hand_binding: Binding | None = None
+        self.taken = 0
         self.next_log = progress_every
         self.started = time.monotonic()
         self.full = False
@@ -375,17 +392,18 @@ class _Drain:
     # -- records
 
     def add(self, source: DrainSource, message: ReceivedMessage, dlq_name: str, reserved: bool) -> bool:
+        """Buffer one record; ``False`` (and :attr:`full`) when it does not fit, and then it is not in the file:
+        the caller gives a reserved message back to its DLQ."""
         record = drain_record(message, broker=source.binding.name, dead_letter_queue=dlq_name,
                               source_conn_id=source.conn_id, drained_at=time.time_ns() // 1_000_000)
         if not self.room_for(len(record)):
             self.full = True
-            if reserved:
-                source.binding.release(message)  # back to the DLQ unchanged: it is not in the file
             return False
         self.buffer.append(record)
         self.buffered += len(record)
         if reserved:
             self.unsynced.append((source.binding, message))
+            self.taken += 1
         result = self.result
         result.records += 1
         result.bytes += len(record)
@@ -413,12 +431,17 @@ class _Drain:
             self.ack_all()
 
     def ack_all(self) -> None:
-        """Ack in reservation order (cheapest for list-based DLQs); on an error the rest stay unacked."""
+        """Ack in reservation order (cheapest for list-based DLQs), one ``ack_many`` per run of messages from
+        the same binding; on an error that run and the rest stay listed (released on failure: settling a
+        message again is harmless)."""
         done = 0
         try:
-            for binding, message in self.unacked:
-                binding.ack(message)
-                done += 1
+            while done < len(self.unacked):
+                binding, end = self.unacked[done][0], done + 1
+                while end < len(self.unacked) and self.unacked[end][0] is binding:
+                    end += 1
+                binding.ack_many([message for _, message in self.unacked[done:end]])
+                done = end
         finally:
             del self.unacked[:done]
 
@@ -439,24 +462,44 @@ class _Drain:
         if self.unacked:
             self.log.warning("%d dead letters are in the file but were not acked; they stay in the DLQ too "
                              "(duplicates, removed by meta.id downstream)", len(self.unacked))
-        for binding, message in self.unacked + self.unsynced:
-            try:
-                binding.release(message)
-            except Exception:  # noqa: BLE001 - it comes back after the visibility timeout anyway
-                self.log.exception("could not release a dead letter of %r; it returns to the DLQ after the "
-                                   "binding's visibility timeout", message.queue_name)
-        self.unsynced, self.unacked = [], []
+        by_binding: dict[int, tuple[Binding, list[ReceivedMessage]]] = {}
+        in_hand = [(self.hand_binding, message) for message in self.hand[self.taken:]]  # reserved, not buffered
+        for binding, message in self.unacked + self.unsynced + in_hand:
+            by_binding.setdefault(id(binding), (binding, []))[1].append(message)
+        self.unsynced, self.unacked, self.hand = [], [], []
+        for binding, messages in by_binding.values():
+            _give_back(binding, messages, self.log)
 
     # -- modes
 
+    def reserve_limit(self) -> int:
+        """How many dead letters the next reservation may take: what fills the current batch, within
+        ``max_messages``, and (with ``max_bytes``) about what still fits at the average record size so far."""
+        limit = self.batch_records - len(self.buffer)
+        result = self.result
+        if self.max_messages is not None:
+            limit = min(limit, self.max_messages - result.records)
+        if self.max_bytes is not None and result.records:
+            average = max(result.bytes // result.records, 1)
+            limit = min(limit, max((self.max_bytes - result.bytes) // average + 1, 1))
+        return max(limit, 1)
+
     def move(self, source: DrainSource) -> None:
+        """Reserve dead letters in batches (``reserve_dead_letters``, one round trip on Redis and SQL), buffer
+        their records; :meth:`flush` acks each durable batch with ``ack_many``."""
         binding, dlq_name = source.binding, source.binding.dead_letter_name(source.queue_name)
         while not self.count_full() and not self.full:
-            message = binding.reserve_dead_letter(source.queue_name, timeout=self.reserve_timeout)
-            if message is None:
+            messages = binding.reserve_dead_letters(source.queue_name, self.reserve_limit(),
+                                                    timeout=self.reserve_timeout)
+            if not messages:
                 return
-            if not self.add(source, message, dlq_name, reserved=True):
-                return
+            self.hand, self.hand_binding, self.taken = messages, binding, 0
+            for message in messages:
+                if not self.add(source, message, dlq_name, reserved=True):
+                    rest, self.hand = messages[self.taken:], []
+                    _give_back(binding, rest, self.log)  # back to the DLQ unchanged: not in the file
+                    return
+            self.hand = []
 
     def browse(self, source: DrainSource) -> None:
         """Read the DLQ in growing windows (browse has no cursor: each call reads from the head) and write
@@ -493,10 +536,12 @@ def drain_dead_letters(
 ) -> DrainResult:
     """Copy (``browse``) or move (``move``) dead letters of each source into ``sink``, in order.
 
-    ``move``: reserve each dead letter, buffer its record; every ``batch_records`` records (or
-    ``batch_bytes`` bytes) write the batch, make it durable, then ack its messages. On any error the file
-    is cut back to its durable part and the messages not durable are released to their DLQ, then the
-    error propagates. The sink is closed (or aborted) here.
+    ``move``: reserve dead letters a batch at a time (``reserve_dead_letters``, up to ``batch_records``),
+    buffer their records; every ``batch_records`` records (or ``batch_bytes`` bytes) write the batch, make
+    it durable, then ack its messages (``ack_many``). On any error the file is cut back to its durable part
+    and the messages not durable are released to their DLQ, then the error propagates. A reserved message
+    whose record no longer fits (``max_bytes``) goes back to its DLQ with the rest of its reservation
+    batch. The sink is closed (or aborted) here.
 
     :param mode: ``move`` (remove from the DLQ once durable) or ``browse`` (copy; needs ``can_browse``).
     :param max_messages: stop after this many records in total (over all sources).

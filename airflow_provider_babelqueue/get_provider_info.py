@@ -201,7 +201,12 @@ def get_provider_info() -> dict[str, Any]:
                     "max_message_bytes": {
                         "label": "Max message bytes",
                         "description": "Checked before sending (body + attributes); SQS allows up to 1048576",
-                        "schema": {"type": ["integer", "null"], "default": 1048576, "minimum": 1024, "maximum": 1048576},
+                        "schema": {
+                            "type": ["integer", "null"],
+                            "default": 1048576,
+                            "minimum": 1024,
+                            "maximum": 1048576,
+                        },
                     },
                     "include_in_flight_in_depth": {
                         "label": "Depth includes in-flight",

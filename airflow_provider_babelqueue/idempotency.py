@@ -8,18 +8,23 @@ guard fails open and runs it. ``trace_id`` is never the key: one trace spans man
 
 This is post-success dedupe, not an in-flight lock. Pure module: standard library only; persistent
 stores (SQL table, Redis set) live with their bindings and satisfy :class:`SeenStore`.
+
+Batches. A store may also offer ``seen_many(keys) -> set[str]`` and ``remember_many(keys)`` (one round
+trip for many keys; the SQL, Redis and in-memory stores do). They are optional: callers use the functions
+:func:`seen_many` and :func:`remember_many`, which fall back to looping over ``seen`` / ``remember`` for a
+store without them.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 from .envelope import meta_id_of
 
-__all__ = ["Effect", "IdempotencyGuard", "InMemorySeenStore", "SeenStore"]
+__all__ = ["Effect", "IdempotencyGuard", "InMemorySeenStore", "SeenStore", "remember_many", "seen_many"]
 
 
 @runtime_checkable
@@ -36,6 +41,32 @@ class SeenStore(Protocol):
         """Evict ``key`` so its next delivery runs again (manual replay, expiry)."""
 
 
+def seen_many(store: SeenStore, keys: Iterable[str]) -> set[str]:
+    """The subset of ``keys`` that ``store`` remembers: the store's own ``seen_many`` (one round trip) when it
+    has one, else one ``seen`` per distinct key."""
+    distinct = list(dict.fromkeys(keys))
+    if not distinct:
+        return set()
+    batch = getattr(store, "seen_many", None)
+    if callable(batch):
+        return set(batch(distinct))
+    return {key for key in distinct if store.seen(key)}
+
+
+def remember_many(store: SeenStore, keys: Iterable[str]) -> None:
+    """Remember every key: the store's own ``remember_many`` when it has one, else one ``remember`` each, in
+    order (so a failure leaves a prefix remembered)."""
+    distinct = list(dict.fromkeys(keys))
+    if not distinct:
+        return
+    batch = getattr(store, "remember_many", None)
+    if callable(batch):
+        batch(distinct)
+        return
+    for key in distinct:
+        store.remember(key)
+
+
 class InMemorySeenStore:
     """A process-local seen-set, for tests and single-run consumers. Thread-safe."""
 
@@ -50,6 +81,14 @@ class InMemorySeenStore:
     def remember(self, key: str) -> None:
         with self._lock:
             self._keys.add(key)
+
+    def seen_many(self, keys: Iterable[str]) -> set[str]:
+        with self._lock:
+            return {key for key in keys if key in self._keys}
+
+    def remember_many(self, keys: Iterable[str]) -> None:
+        with self._lock:
+            self._keys.update(keys)
 
     def forget(self, key: str) -> None:
         with self._lock:

@@ -15,6 +15,11 @@ Semantics every binding honours (the contract suite in ``tests/bindings`` checks
 * ``depth`` / ``dead_letter_depth`` are cheap counts of messages ready for delivery.
 * ``reserve_dead_letter`` + ``ack`` drain the DLQ; ``browse_dead_letters`` reads it without removing
   anything where the broker allows it.
+* The batch operations ``reserve_dead_letters``, ``ack_many`` and ``release_many`` mean exactly what a loop
+  over their single-message forms means (the default implementations here are those loops, so a binding
+  that implements only the single-message methods keeps working); bindings override them to save round
+  trips. Every member of a batch is its own reservation: it is settled, gated and returned after the
+  visibility timeout on its own.
 """
 
 from __future__ import annotations
@@ -213,6 +218,38 @@ class Binding(abc.ABC):
     @abc.abstractmethod
     def reserve_dead_letter(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
         """Take the next message from the queue's DLQ (for a drain); ack it once its copy is durable."""
+
+    def reserve_dead_letters(self, queue_name: str, limit: int, timeout: float = 0) -> list[ReceivedMessage]:
+        """Take up to ``limit`` messages from the queue's DLQ, oldest first (for a drain or a redrive).
+
+        Waits up to ``timeout`` seconds for the first message only, then takes whatever else is ready
+        without waiting; an empty list means the DLQ had nothing within the timeout. Each message is its own
+        reservation (ack, release or let it expire one by one or with :meth:`ack_many`).
+
+        The default loops over :meth:`reserve_dead_letter`; bindings override it with one round trip.
+        """
+        out: list[ReceivedMessage] = []
+        while len(out) < limit:
+            message = self.reserve_dead_letter(queue_name, timeout=timeout if not out else 0)
+            if message is None:
+                break
+            out.append(message)
+        return out
+
+    def ack_many(self, messages: Sequence[ReceivedMessage]) -> None:
+        """:meth:`ack` each message, in order (reservation order is the cheapest for list-based queues).
+
+        Gated like :meth:`ack`: a member whose reservation expired and was handed out again is left alone.
+        On an error some members may be acked and others not; settling a member again is harmless (a
+        release or ack of a settled reservation changes nothing). The default loops over :meth:`ack`.
+        """
+        for message in messages:
+            self.ack(message)
+
+    def release_many(self, messages: Sequence[ReceivedMessage], delay: float = 0) -> None:
+        """:meth:`release` each message, in order; the default loops over :meth:`release`."""
+        for message in messages:
+            self.release(message, delay)
 
     def browse_dead_letters(self, queue_name: str, limit: int = 100) -> list[ReceivedMessage]:
         """Read up to ``limit`` DLQ messages without removing them."""

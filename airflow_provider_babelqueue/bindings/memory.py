@@ -66,7 +66,8 @@ class MemoryBinding(Binding):
             _, dead, _, stored = self._reserved.pop(token)
             (self._dead if dead else self._ready).setdefault(queue_name, deque()).append(stored)
 
-    def _take(self, queue_name: str, timeout: float, dead: bool) -> ReceivedMessage | None:
+    def _take(self, queue_name: str, timeout: float, dead: bool, limit: int = 1) -> list[ReceivedMessage]:
+        """Up to ``limit`` ready messages, each its own reservation; waits up to ``timeout`` for the first."""
         deadline = time.monotonic() + max(timeout, 0)
         with self._cond:
             while True:
@@ -74,14 +75,17 @@ class MemoryBinding(Binding):
                 self._promote(queue_name, now)
                 source = (self._dead if dead else self._ready).get(queue_name)
                 if source:
-                    stored = source.popleft()
-                    stored.deliveries += 1
-                    token = next(self._tokens)
-                    self._reserved[token] = (queue_name, dead, now + self.config.visibility_timeout, stored)
-                    return self._message(stored, queue_name, dead, token)
+                    taken = []
+                    while source and len(taken) < limit:
+                        stored = source.popleft()
+                        stored.deliveries += 1
+                        token = next(self._tokens)
+                        self._reserved[token] = (queue_name, dead, now + self.config.visibility_timeout, stored)
+                        taken.append(self._message(stored, queue_name, dead, token))
+                    return taken
                 remaining = deadline - now
-                if remaining <= 0:
-                    return None
+                if remaining <= 0 or limit <= 0:
+                    return []
                 self._cond.wait(min(remaining, 0.05))
 
     @staticmethod
@@ -122,10 +126,17 @@ class MemoryBinding(Binding):
             self._cond.notify_all()
 
     def reserve(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
-        return self._take(queue_name, timeout, dead=False)
+        taken = self._take(queue_name, timeout, dead=False)
+        return taken[0] if taken else None
 
     def reserve_dead_letter(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
-        return self._take(queue_name, timeout, dead=True)
+        taken = self._take(queue_name, timeout, dead=True)
+        return taken[0] if taken else None
+
+    def reserve_dead_letters(self, queue_name: str, limit: int, timeout: float = 0) -> list[ReceivedMessage]:
+        """One pass under the lock. ``ack_many``/``release_many`` stay the base loops over ``ack``/``release``:
+        there is no round trip to save in memory, and subclasses overriding ``ack`` keep seeing every ack."""
+        return self._take(queue_name, timeout, dead=True, limit=limit)
 
     def ack(self, message: ReceivedMessage) -> None:
         with self._cond:

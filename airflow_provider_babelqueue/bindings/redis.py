@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from .base import (
@@ -40,6 +40,9 @@ from .base import (
 )
 
 __all__ = ["RedisBinding", "RedisConfig"]
+
+if TYPE_CHECKING:
+    from .stores import RedisSeenStore
 
 logger = logging.getLogger(__name__)
 
@@ -64,10 +67,9 @@ local function raw_of(m)
 end
 """
 
-# KEYS: ready, processing, deadlines[, delayed]. ARGV: visibility timeout, token ('' = maintain only and
-# return LLEN ready), batch. Promotes due delayed items, requeues expired reservations, adopts orphans,
-# then moves the head to processing with its deadline member and returns the raw value (false if empty).
-_RESERVE = _LUA_HEAD + """
+# Shared maintenance (KEYS: ready, processing, deadlines[, delayed]; ARGV[1] visibility timeout, ARGV[3] batch):
+# promotes due delayed items, requeues expired reservations, adopts orphans.
+_MAINTAIN = """
 local vt, batch = tonumber(ARGV[1]), tonumber(ARGV[3])
 if KEYS[4] then
   for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', score(now), 'LIMIT', 0, batch)) do
@@ -90,11 +92,40 @@ if redis.call('LLEN', KEYS[2]) > redis.call('ZCARD', KEYS[3]) then
     else redis.call('ZADD', KEYS[3], 'NX', score(now + vt), '""" + _ADOPTED + """:' .. raw) end
   end
 end
+"""
+
+# KEYS: ready, processing, deadlines[, delayed]. ARGV: visibility timeout, token ('' = maintain only and
+# return LLEN ready), batch. Maintenance, then moves the head to processing with its deadline member and
+# returns the raw value (false if empty).
+_RESERVE = _LUA_HEAD + _MAINTAIN + """
 if ARGV[2] == '' then return redis.call('LLEN', KEYS[1]) end
 local raw = redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
 if not raw then return false end
 redis.call('ZADD', KEYS[3], score(now + vt), ARGV[2] .. ':' .. raw)
 return raw
+"""
+
+# KEYS: ready, processing, deadlines[, delayed]. ARGV: visibility timeout, token stem (24 hex), batch, limit.
+# Maintenance, then up to ``limit`` single reservations at once: what N LMOVEs would move (LRANGE + LTRIM +
+# RPUSH to processing), each with its own deadline member '<stem><8-hex index>:<raw>' (the single path's format,
+# a distinct token each, so equal bodies stay separate reservations). Bulk commands of 500 elements instead
+# of two calls per element. Returns the raw values in order (empty: none ready).
+_RESERVE_MANY = _LUA_HEAD + _MAINTAIN + """
+local raws = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[4]) - 1)
+local n = #raws
+if n == 0 then return raws end
+redis.call('LTRIM', KEYS[1], n, -1)
+local deadline, stem = score(now + vt), ARGV[2]
+for s = 1, n, 500 do
+  local e, zargs = math.min(s + 499, n), {}
+  redis.call('RPUSH', KEYS[2], unpack(raws, s, e))
+  for i = s, e do
+    zargs[#zargs + 1] = deadline
+    zargs[#zargs + 1] = stem .. string.format('%08x', i) .. ':' .. raws[i]
+  end
+  redis.call('ZADD', KEYS[3], unpack(zargs))
+end
+return raws
 """
 
 # KEYS: processing, deadlines. ARGV: token, raw, visibility timeout. Registers a BLMOVE'd element in place
@@ -121,6 +152,86 @@ if KEYS[3] then
 end
 return 1
 """
+
+# KEYS: processing, deadlines[, target]. ARGV: delay, the 32-char tokens concatenated, the raw values' lengths
+# ('n,n,...'), the raw values concatenated, then the bodies' lengths and bodies the same way ('' without target).
+# _SETTLE for many reservations of one processing list: a reservation acts only while its own member exists
+# (ZMSCORE; a reclaimed one is left alone); those are ZREMed and their elements removed from processing (one
+# LTRIM when they are its head, as for a drain acking in reservation order, else LREM each); then their bodies
+# are RPUSHed to the target, or ZADDed to the delayed set under their (spent, unique) reservation tokens.
+# Returns how many were settled.
+_SETTLE_MANY = _LUA_HEAD + """
+local delay, tokens = tonumber(ARGV[1]), ARGV[2]
+local function split(lens, blob)
+  local out, pos = {}, 1
+  for len in string.gmatch(lens, '%d+') do
+    len = tonumber(len)
+    out[#out + 1] = string.sub(blob, pos, pos + len - 1)
+    pos = pos + len
+  end
+  return out
+end
+local function token(i) return string.sub(tokens, i * 32 - 31, i * 32) end
+local raws, members, held = split(ARGV[3], ARGV[4]), {}, {}
+local n = #raws
+for i = 1, n do members[i] = token(i) .. ':' .. raws[i] end
+for s = 1, n, 500 do
+  local e = math.min(s + 499, n)
+  local scores = redis.call('ZMSCORE', KEYS[2], unpack(members, s, e))
+  for i = s, e do if scores[i - s + 1] then held[#held + 1] = i end end
+end
+local h = #held
+if h == 0 then return 0 end
+for s = 1, h, 500 do
+  local args = {}
+  for k = s, math.min(s + 499, h) do args[#args + 1] = members[held[k]] end
+  redis.call('ZREM', KEYS[2], unpack(args))
+end
+local head, prefix = redis.call('LRANGE', KEYS[1], 0, h - 1), true
+if #head ~= h then prefix = false end
+for k = 1, h do if not prefix or head[k] ~= raws[held[k]] then prefix = false break end end
+if prefix then redis.call('LTRIM', KEYS[1], h, -1)
+else for k = 1, h do redis.call('LREM', KEYS[1], 1, raws[held[k]]) end end
+if KEYS[3] then
+  local bodies, due = split(ARGV[5], ARGV[6]), score(now + delay)
+  for s = 1, h, 500 do
+    local args = {}
+    for k = s, math.min(s + 499, h) do
+      local i = held[k]
+      if delay > 0 then args[#args + 1] = due; args[#args + 1] = token(i) .. ':' .. bodies[i]
+      else args[#args + 1] = bodies[i] end
+    end
+    redis.call(delay > 0 and 'ZADD' or 'RPUSH', KEYS[3], unpack(args))
+  end
+end
+return h
+"""
+
+# KEYS: processing, deadlines. ARGV: the 32-char tokens of n reservations, concatenated, in reservation order.
+# The fast ack of a drain: when for every i the member '<token i>:<element i of processing>' exists, element i
+# is exactly reservation i's value (a token belongs to one reservation), so the n reservations are all held
+# and are the head of processing: ZREM their members and LTRIM the head. Anything else changes nothing and
+# returns -1 (the caller then uses _SETTLE_MANY, which checks each reservation on its own).
+_ACK_HEAD = """
+local tokens = ARGV[1]
+local n = #tokens / 32
+local head = redis.call('LRANGE', KEYS[1], 0, n - 1)
+if #head < n then return -1 end
+local members = {}
+for i = 1, n do members[i] = string.sub(tokens, i * 32 - 31, i * 32) .. ':' .. head[i] end
+if not redis.call('ZSCORE', KEYS[2], members[1]) then return -1 end
+for s = 1, n, 500 do
+  local e = math.min(s + 499, n)
+  local scores = redis.call('ZMSCORE', KEYS[2], unpack(members, s, e))
+  for i = s, e do if not scores[i - s + 1] then return -1 end end
+end
+for s = 1, n, 500 do redis.call('ZREM', KEYS[2], unpack(members, s, math.min(s + 499, n))) end
+redis.call('LTRIM', KEYS[1], n, -1)
+return n
+"""
+
+#: Reservations per _RESERVE_MANY / _SETTLE_MANY call (bounds one script's run time and memory).
+_MANY_CHUNK = 2000
 
 _URL_PARAMS: dict[str, Any] = {
     "db": int, "ssl_ca_certs": str, "key_prefix": str, "dead_letter_suffix": str, "visibility_timeout": float,
@@ -192,9 +303,9 @@ class RedisConfig:
         return cls(**{**values, **overrides})
 
 
-@dataclass(frozen=True, slots=True)
-class _Receipt:
-    """One reservation: its token and the exact stored value, so a settle removes exactly it."""
+class _Receipt(NamedTuple):
+    """One reservation: its token and the exact stored value, so a settle removes exactly it. (A tuple: a
+    batch reservation makes thousands, and a tuple is the cheapest immutable record to build.)"""
 
     token: str
     raw: bytes
@@ -229,6 +340,9 @@ class RedisBinding(Binding):
         self._reserve_script = client.register_script(_RESERVE)
         self._claim_script = client.register_script(_CLAIM)
         self._settle_script = client.register_script(_SETTLE)
+        self._reserve_many_script = client.register_script(_RESERVE_MANY)
+        self._settle_many_script = client.register_script(_SETTLE_MANY)
+        self._ack_head_script = client.register_script(_ACK_HEAD)
 
     def _key(self, queue_name: str) -> str:
         return f"{self.config.key_prefix}{queue_name}"
@@ -308,6 +422,35 @@ class RedisBinding(Binding):
             logger.warning("Redis reservation in %r is gone (settled already, or expired and requeued for another "
                            "delivery); nothing was changed", receipt.processing)
 
+    def _settle_many(self, groups: dict[tuple[str, str | None, float], list[tuple[_Receipt, bytes]]],
+                     action: str) -> None:
+        """Settle reservations grouped by (processing list, target, delay): one script call per chunk of a group,
+        with the tokens, raw values and bodies packed into a few arguments (see ``_SETTLE_MANY``)."""
+        gone = 0
+        for (processing, target, delay), items in groups.items():
+            keys = [processing, f"{processing}:deadlines"] + ([target] if target else [])
+            for start in range(0, len(items), _MANY_CHUNK):
+                chunk = items[start:start + _MANY_CHUNK]
+                raws = [receipt.raw for receipt, _ in chunk]
+                args: list[Any] = [repr(float(delay)), "".join(receipt.token for receipt, _ in chunk),
+                                   ",".join(map(str, map(len, raws))), b"".join(raws), "", b""]
+                if target:
+                    bodies = [body for _, body in chunk]
+                    args[4:] = [",".join(map(str, map(len, bodies))), b"".join(bodies)]
+                with self._guard(action, processing):
+                    done = int(self._settle_many_script(keys=keys, args=args))
+                gone += len(chunk) - done
+        if gone:
+            logger.warning("%d Redis reservations were gone (settled already, or expired and requeued for another "
+                           "delivery); nothing was changed for them", gone)
+
+    @staticmethod
+    def _receipt_of(message: ReceivedMessage) -> _Receipt:
+        receipt = message.receipt
+        if not isinstance(receipt, _Receipt):
+            raise BindingError(f"this message was not reserved by a Redis binding (receipt {receipt!r})")
+        return receipt
+
     def publish(
         self, body: bytes, queue_name: str, *, headers: Mapping[str, Any] | None = None, delay: float = 0
     ) -> None:
@@ -340,8 +483,70 @@ class RedisBinding(Binding):
     def reserve_dead_letter(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
         return self._take(queue_name, self.dead_letter_name(queue_name), timeout, dead=True)
 
+    def reserve_dead_letters(self, queue_name: str, limit: int, timeout: float = 0) -> list[ReceivedMessage]:
+        """Up to ``limit`` dead letters with one script per 2000 (maintenance, then what LMOVE + a deadline
+        member each does for :meth:`reserve_dead_letter`). When the DLQ is empty, waits up to ``timeout`` for
+        the first one the single-message way, then takes what else is ready without waiting."""
+        if limit <= 0:
+            return []
+        source = self.dead_letter_name(queue_name)
+        keys, vt = self._keys(source, dead=True), repr(float(self.config.visibility_timeout))
+        out: list[ReceivedMessage] = []
+        while len(out) < limit:
+            want, stem = min(limit - len(out), _MANY_CHUNK), secrets.token_hex(12)
+            with self._guard("reserve", source):
+                raws = self._reserve_many_script(keys=keys, args=[vt, stem, _SWEEP_BATCH, want])
+            processing, parsed = keys[1], self._parsed
+            for index, raw in enumerate(raws, 1):
+                if raw.__class__ is not bytes:
+                    raw = raw.encode("utf-8", "surrogateescape") if isinstance(raw, str) else bytes(raw)
+                out.append(parsed(raw, queue_name, True, _Receipt(f"{stem}{index:08x}", raw, processing)))
+            if len(raws) < want:  # the DLQ has no more ready now
+                break
+        if out or timeout <= 0:
+            return out
+        message = self._take(queue_name, source, timeout, dead=True)
+        if message is None:
+            return []
+        return [message, *(self.reserve_dead_letters(queue_name, limit - 1) if limit > 1 else ())]
+
     def ack(self, message: ReceivedMessage) -> None:
         self._settle(message, None)
+
+    def ack_many(self, messages: Sequence[ReceivedMessage]) -> None:
+        """Gated per reservation, exactly as :meth:`ack`: a member that expired and was handed out again is left
+        alone. Per processing list and chunk of 2000, one script when the batch is the head of the processing
+        list in reservation order (a drain's case: only the tokens travel), else one script that checks each
+        reservation's own member (ZMSCORE) and removes the held ones."""
+        groups: dict[str, list[_Receipt]] = {}
+        for message in messages:
+            receipt = self._receipt_of(message)
+            groups.setdefault(receipt.processing, []).append(receipt)
+        slow: dict[tuple[str, str | None, float], list[tuple[_Receipt, bytes]]] = {}
+        for processing, receipts in groups.items():
+            keys = [processing, f"{processing}:deadlines"]
+            for start in range(0, len(receipts), _MANY_CHUNK):
+                chunk = receipts[start:start + _MANY_CHUNK]
+                with self._guard("ack reservations", processing):
+                    done = int(self._ack_head_script(keys=keys, args=["".join(r.token for r in chunk)]))
+                if done < 0:
+                    slow.setdefault((processing, None, 0.0), []).extend((receipt, b"") for receipt in chunk)
+        self._settle_many(slow, "ack reservations")
+
+    def release_many(self, messages: Sequence[ReceivedMessage], delay: float = 0) -> None:
+        """:meth:`release` for many: one script per (processing list, target) and chunk, gated per member."""
+        groups: dict[tuple[str, str | None, float], list[tuple[_Receipt, bytes]]] = {}
+        delay = max(float(delay), 0.0)
+        for message in messages:
+            receipt = self._receipt_of(message)
+            if message.from_dead_letter:  # back on the DLQ exactly as stored (as release does)
+                group, body = (receipt.processing, self.dead_letter_name(message.queue_name), 0.0), message.body
+            else:
+                key = self._key(message.queue_name)
+                target = f"{key}:delayed" if delay > 0 else key
+                group, body = (receipt.processing, target, delay), bumped_body(message)
+            groups.setdefault(group, []).append((receipt, body))
+        self._settle_many(groups, "release reservations")
 
     def release(self, message: ReceivedMessage, delay: float = 0) -> None:
         """Back to the END of the ready list with ``attempts`` + 1 (to ``:delayed`` when ``delay`` > 0).

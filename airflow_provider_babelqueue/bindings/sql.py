@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -33,6 +33,9 @@ from .. import envelope as bq
 from .base import Binding, BindingError, PublishBatchError, ReceivedMessage, bumped_body, dead_letter_body, parse_body
 
 __all__ = ["SqlBinding", "SqlConfig", "sqlite_url"]
+
+if TYPE_CHECKING:
+    from .stores import SqlSeenStore
 
 #: At most 40 characters: PostgreSQL truncates identifiers at 63 bytes and ``<table>_failed_queue_idx`` is longest.
 _TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
@@ -134,6 +137,20 @@ def _build_tables(name: str) -> tuple[sa.Table, sa.Table]:
     return ready, failed
 
 
+def create_tables_racing(metadata: sa.MetaData, engine: Engine, attempts: int = 5) -> None:
+    """``CREATE TABLE IF NOT EXISTS`` for every table of ``metadata``, tolerating other processes creating the
+    same tables at the same time: a lost race (PostgreSQL: IntegrityError or ProgrammingError; SQLite:
+    OperationalError "already exists") is checked again, table by table, a few times."""
+    for attempt in range(attempts):
+        try:
+            metadata.create_all(engine, checkfirst=True)
+            return
+        except sa.exc.DatabaseError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.01 * (attempt + 1))
+
+
 def _sqlite_wal(dbapi_connection: Any, _record: Any) -> None:
     """Write-ahead logging for a SQLite file: one sync per commit instead of the rollback journal's
     several, and readers (depth, browse) no longer wait for a consumer's write lock. ``synchronous``
@@ -182,10 +199,7 @@ class SqlBinding(Binding):
             if engine.dialect.name == "sqlite" and engine.url.database in (None, "", ":memory:"):
                 self._serial = self._serial or threading.Lock()
             if create_tables and not self._tables_ready:
-                try:
-                    self._ready.metadata.create_all(engine, checkfirst=True)
-                except (sa.exc.ProgrammingError, sa.exc.IntegrityError):  # lost a creation race: check again
-                    self._ready.metadata.create_all(engine, checkfirst=True)
+                create_tables_racing(self._ready.metadata, engine)
                 self._tables_ready = True
             return engine
 
@@ -253,7 +267,10 @@ class SqlBinding(Binding):
             delivery_count=None, headers={}, receipt=receipt, from_dead_letter=dead,
         )
 
-    def _take(self, queue_name: str, timeout: float, dead: bool) -> ReceivedMessage | None:
+    def _take(self, queue_name: str, timeout: float, dead: bool, limit: int = 1) -> list[ReceivedMessage]:
+        """Reserve up to ``limit`` free rows, oldest first, in one transaction: a SELECT ... FOR UPDATE SKIP
+        LOCKED LIMIT n (SQLite: under BEGIN IMMEDIATE), then one UPDATE stamping them all. Polls up to
+        ``timeout`` seconds for the first row."""
         table = self._failed if dead else self._ready
         action = "reserve from the dead-letter table" if dead else "reserve"
         deadline = time.monotonic() + max(timeout, 0)
@@ -265,21 +282,34 @@ class SqlBinding(Binding):
                 where.append(table.c.available_at <= now)
             query = (
                 sa.select(table.c.id, table.c.payload, table.c.attempts, table.c.reserved_at)
-                .where(*where).order_by(*order).limit(1).with_for_update(skip_locked=True)
+                .where(*where).order_by(*order).limit(limit).with_for_update(skip_locked=True)
             )
             with self._guard(action, queue_name), self._write() as conn:
-                row = conn.execute(query).first()
-                if row is not None:
-                    previous = row.reserved_at
-                    # Strictly newer than the previous mark, so every reservation's token is unique.
-                    token = now if previous is None or now > previous else math.nextafter(previous, math.inf)
-                    same = table.c.reserved_at.is_(None) if previous is None else table.c.reserved_at == previous
-                    conn.execute(sa.update(table).where(table.c.id == row.id, same).values(reserved_at=token))
-                    return self._message(row, queue_name, dead, _Receipt(row.id, token))
+                rows = conn.execute(query).all()
+                if rows:
+                    return self._stamp(conn, table, rows, now, queue_name, dead)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return None
+                return []
             time.sleep(min(self.config.poll_interval, remaining))
+
+    def _stamp(self, conn: Connection, table: sa.Table, rows: Sequence[Any], now: float, queue_name: str,
+               dead: bool) -> list[ReceivedMessage]:
+        """Mark the selected (locked) rows reserved with one token: strictly newer than every previous mark of
+        those rows, so each reservation's ``(id, reserved_at)`` receipt is unique."""
+        newest = max((row.reserved_at for row in rows if row.reserved_at is not None), default=None)
+        token = now if newest is None or now > newest else math.nextafter(newest, math.inf)
+        ids = [row.id for row in rows]
+        stamped = 0
+        for start in range(0, len(ids), _BATCH_CHUNK):
+            chunk = ids[start:start + _BATCH_CHUNK]
+            update = sa.update(table).where(table.c.id.in_(chunk), self._free(table, now)).values(reserved_at=token)
+            stamped += conn.execute(update).rowcount
+        if stamped != len(rows):  # cannot happen under the row locks; never hand out a row we do not hold
+            held = set(conn.execute(sa.select(table.c.id).where(table.c.id.in_(ids), table.c.reserved_at == token))
+                       .scalars())
+            rows = [row for row in rows if row.id in held]
+        return [self._message(row, queue_name, dead, _Receipt(row.id, token)) for row in rows]
 
     @staticmethod
     def _receipt(message: ReceivedMessage) -> _Receipt:
@@ -316,10 +346,16 @@ class SqlBinding(Binding):
             raise PublishBatchError(f"{exc} (the transaction rolled back: none was stored)", range(len(rows))) from exc
 
     def reserve(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
-        return self._take(queue_name, timeout, dead=False)
+        taken = self._take(queue_name, timeout, dead=False)
+        return taken[0] if taken else None
 
     def reserve_dead_letter(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
-        return self._take(queue_name, timeout, dead=True)
+        taken = self._take(queue_name, timeout, dead=True)
+        return taken[0] if taken else None
+
+    def reserve_dead_letters(self, queue_name: str, limit: int, timeout: float = 0) -> list[ReceivedMessage]:
+        """Up to ``limit`` dead-letter rows in one transaction (see :meth:`_take`), oldest first."""
+        return self._take(queue_name, timeout, dead=True, limit=limit) if limit > 0 else []
 
     def ack(self, message: ReceivedMessage) -> None:
         """Delete the row, if this reservation still holds it (a reclaimed row belongs to its new holder)."""
@@ -327,6 +363,49 @@ class SqlBinding(Binding):
         table = self._failed if message.from_dead_letter else self._ready
         with self._guard("ack", message.queue_name), self._write() as conn:
             conn.execute(sa.delete(table).where(self._held(table, receipt)))
+
+    def _by_token(self, messages: Sequence[ReceivedMessage]) -> dict[tuple[bool, float], list[int]]:
+        """Row ids grouped by (dead-letter table?, reservation token): a batch reservation shares one token."""
+        groups: dict[tuple[bool, float], list[int]] = {}
+        for message in messages:
+            receipt = self._receipt(message)
+            groups.setdefault((message.from_dead_letter, receipt.token), []).append(receipt.row_id)
+        return groups
+
+    def ack_many(self, messages: Sequence[ReceivedMessage]) -> None:
+        """One transaction: a DELETE ... WHERE reserved_at = token AND id IN (...) per token and table (per 500
+        ids), so a row reclaimed since (it carries a newer mark) is left to its new holder, as :meth:`ack` does."""
+        groups = self._by_token(messages)
+        if not groups:
+            return
+        with self._guard("ack", messages[0].queue_name), self._write() as conn:
+            for (dead, token), ids in groups.items():
+                table = self._failed if dead else self._ready
+                for start in range(0, len(ids), _BATCH_CHUNK):
+                    chunk = ids[start:start + _BATCH_CHUNK]
+                    conn.execute(sa.delete(table).where(table.c.reserved_at == token, table.c.id.in_(chunk)))
+
+    def release_many(self, messages: Sequence[ReceivedMessage], delay: float = 0) -> None:
+        """:meth:`release` for many in one transaction: dead letters un-reserved per token group, ready-table
+        rows in one executemany UPDATE (each with its own bumped body), all gated on their receipts."""
+        if not messages:
+            return
+        ready = [m for m in messages if not m.from_dead_letter]
+        dead = self._by_token([m for m in messages if m.from_dead_letter])
+        t = self._ready
+        rows = [{"b_id": self._receipt(m).row_id, "b_token": self._receipt(m).token, "b_payload": bumped_body(m)}
+                for m in ready]
+        update = (sa.update(t).where(t.c.id == sa.bindparam("b_id"), t.c.reserved_at == sa.bindparam("b_token"))
+                  .values(payload=sa.bindparam("b_payload"), attempts=t.c.attempts + 1, reserved_at=None,
+                          available_at=time.time() + max(delay, 0)))
+        with self._guard("release", messages[0].queue_name), self._write() as conn:
+            for (_, token), ids in dead.items():
+                for start in range(0, len(ids), _BATCH_CHUNK):
+                    chunk = ids[start:start + _BATCH_CHUNK]
+                    conn.execute(sa.update(self._failed).where(self._failed.c.reserved_at == token,
+                                                               self._failed.c.id.in_(chunk)).values(reserved_at=None))
+            if rows:
+                conn.execute(update, rows)
 
     def release(self, message: ReceivedMessage, delay: float = 0) -> None:
         """Un-reserve the row with ``attempts`` one higher in the column and the body; a DLQ row is just

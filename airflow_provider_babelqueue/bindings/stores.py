@@ -2,20 +2,38 @@
 
 They back the consume operator's idempotency guard and the replay operator's ledger, so a re-run never
 handles or republishes the same message twice. Each store is a named set; one broker holds many.
+
+Both also answer ``seen_many`` / ``remember_many`` in one round trip (per chunk), which the replay ledger uses
+for a whole batch; see :func:`..idempotency.seen_many`.
 """
 
 from __future__ import annotations
 
+import importlib
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
+
+from .sql import create_tables_racing
 
 if TYPE_CHECKING:
     from .redis import RedisBinding
     from .sql import SqlBinding
 
 __all__ = ["RedisSeenStore", "SqlSeenStore"]
+
+#: Keys per IN list / INSERT (SQLite binds at most 32766 parameters; keep statements small).
+_SQL_CHUNK = 500
+#: Keys per SMISMEMBER / SADD.
+_REDIS_CHUNK = 5000
+
+
+def _chunks(keys: Iterable[str], size: int) -> Iterable[list[str]]:
+    distinct = list(dict.fromkeys(keys))
+    for start in range(0, len(distinct), size):
+        yield distinct[start:start + size]
 
 
 class SqlSeenStore:
@@ -39,7 +57,7 @@ class SqlSeenStore:
     def _ensure(self) -> None:
         if not self._created:
             with self.binding._guard("create the idempotency table", None):
-                self.table.metadata.create_all(self.binding._get_engine(), checkfirst=True)
+                create_tables_racing(self.table.metadata, self.binding._get_engine())
             self._created = True
 
     def _match(self, key: str) -> sa.ColumnElement[bool]:
@@ -55,6 +73,41 @@ class SqlSeenStore:
         with self.binding._guard("write the idempotency table", None), self.binding._write() as conn:
             if conn.execute(sa.select(self.table.c.key).where(self._match(key))).first() is None:
                 conn.execute(self.table.insert().values(store=self.name, key=key, seen_at=time.time()))
+
+    def seen_many(self, keys: Iterable[str]) -> set[str]:
+        """The remembered subset of ``keys``: one SELECT ... IN per 500 keys, in one read."""
+        self._ensure()
+        found: set[str] = set()
+        with self.binding._guard("read the idempotency table", None), self.binding._read() as conn:
+            for chunk in _chunks(keys, _SQL_CHUNK):
+                query = sa.select(self.table.c.key).where(self.table.c.store == self.name, self.table.c.key.in_(chunk))
+                found.update(conn.execute(query).scalars())
+        return found
+
+    def remember_many(self, keys: Iterable[str]) -> None:
+        """Remember every key in one transaction: a multi-row INSERT ... ON CONFLICT DO NOTHING per 500 keys on
+        PostgreSQL and SQLite; elsewhere the keys already there are selected first and the rest inserted."""
+        self._ensure()
+        chunks = list(_chunks(keys, _SQL_CHUNK))
+        if not chunks:
+            return
+        now = time.time()
+        with self.binding._guard("write the idempotency table", None), self.binding._write() as conn:
+            dialect = conn.dialect.name
+            for chunk in chunks:
+                rows = [{"store": self.name, "key": key, "seen_at": now} for key in chunk]
+                statement: Any
+                if dialect in ("postgresql", "sqlite"):  # imported here: the dialect modules are heavy
+                    insert = importlib.import_module(f"sqlalchemy.dialects.{dialect}").insert
+                    statement = insert(self.table).on_conflict_do_nothing(index_elements=["store", "key"])
+                else:
+                    query = sa.select(self.table.c.key).where(self.table.c.store == self.name,
+                                                              self.table.c.key.in_(chunk))
+                    there = set(conn.execute(query).scalars())
+                    rows = [row for row in rows if row["key"] not in there]
+                    statement = self.table.insert()
+                if rows:
+                    conn.execute(statement, rows)
 
     def forget(self, key: str) -> None:
         self._ensure()
@@ -86,6 +139,21 @@ class RedisSeenStore:
     def remember(self, key: str) -> None:
         with self.binding._guard("SADD", self.key):
             self.binding.client.sadd(self.key, key)
+
+    def seen_many(self, keys: Iterable[str]) -> set[str]:
+        """The remembered subset of ``keys``: one SMISMEMBER per 5000 keys."""
+        found: set[str] = set()
+        with self.binding._guard("SMISMEMBER", self.key):
+            for chunk in _chunks(keys, _REDIS_CHUNK):
+                flags = self.binding.client.smismember(self.key, chunk)
+                found.update(key for key, flag in zip(chunk, flags, strict=True) if flag)
+        return found
+
+    def remember_many(self, keys: Iterable[str]) -> None:
+        """One variadic SADD per 5000 keys."""
+        with self.binding._guard("SADD", self.key):
+            for chunk in _chunks(keys, _REDIS_CHUNK):
+                self.binding.client.sadd(self.key, *chunk)
 
     def forget(self, key: str) -> None:
         with self.binding._guard("SREM", self.key):

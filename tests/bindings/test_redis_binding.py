@@ -338,3 +338,99 @@ def test_module_imports_without_the_redis_package() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", child], cwd=ROOT, env=env, capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr.decode()
+
+
+# ------------------------------------------------------------------------------------- batch operations
+
+
+def dead_bodies(binding: RedisBinding, rc: Any, queue: str, count: int) -> list[bytes]:
+    """``count`` dead letters straight on the DLQ list (as any SDK leaves them), oldest first."""
+    bodies = [bq.encode(bq.annotate_dead_letter(bq.make_envelope("urn:babel:orders:created", {"n": n},
+                                                                 queue_name=queue),
+                                                "failed", original_queue=queue, attempts=3)) for n in range(count)]
+    rc.rpush(binding.dead_letter_name(queue), *bodies)
+    return bodies
+
+
+def test_a_batch_reservation_has_the_single_path_layout(make: Make, rc: Any, queue: str) -> None:
+    binding = make(visibility_timeout=30)
+    bodies = dead_bodies(binding, rc, queue, 5)
+    dlq = binding.dead_letter_name(queue)
+    batch = binding.reserve_dead_letters(queue, 3)
+    assert [m.body for m in batch] == bodies[:3] and rc.lrange(dlq, 0, -1) == bodies[3:]
+    assert rc.lrange(f"{dlq}:processing", 0, -1) == bodies[:3]  # what three LMOVEs leave
+    members = rc.zrange(f"{dlq}:processing:deadlines", 0, -1, withscores=True)
+    assert sorted(m[33:] for m, _ in members) == sorted(bodies[:3]) and all(MEMBER.match(m) for m, _ in members)
+    tokens = {m[:32].decode() for m, _ in members}
+    assert tokens == {m.receipt.token for m in batch} and len(tokens) == 3  # one reservation each
+    assert all(abs(score - (server_now(rc) + 30)) < 2 for _, score in members)
+    binding.ack(batch[1])  # a batch member settles alone too
+    binding.ack_many([batch[0], batch[2]])  # no longer the head in order: the per-member path
+    assert not rc.exists(f"{dlq}:processing", f"{dlq}:processing:deadlines")
+    rest = binding.reserve_dead_letters(queue, 10)
+    assert [m.body for m in rest] == bodies[3:]
+    binding.ack_many(rest)  # the head in reservation order: the fast path
+    assert sorted(rc.scan_iter(match=f"*{queue}*")) == []
+
+
+def test_an_expired_batch_is_swept_back_in_order_and_a_late_ack_is_ignored(make: Make, rc: Any, queue: str) -> None:
+    binding = make(visibility_timeout=0.5)
+    bodies = dead_bodies(binding, rc, queue, 4)
+    dlq = binding.dead_letter_name(queue)
+    stale = binding.reserve_dead_letters(queue, 10)
+    time.sleep(0.7)
+    assert binding.dead_letter_depth(queue) == 4 and rc.lrange(dlq, 0, -1) == bodies  # back, in order
+    current = binding.reserve_dead_letters(queue, 2)
+    binding.ack_many(stale)  # gated per member: touches neither the DLQ nor the new reservations
+    assert rc.lrange(dlq, 0, -1) == bodies[2:] and rc.lrange(f"{dlq}:processing", 0, -1) == bodies[:2]
+    assert rc.zcard(f"{dlq}:processing:deadlines") == 2
+    binding.release_many(current)  # a DLQ release: back on the DLQ exactly as stored
+    assert rc.lrange(dlq, 0, -1) == bodies[2:] + bodies[:2]
+    binding.ack_many(binding.reserve_dead_letters(queue, 10))
+    assert sorted(rc.scan_iter(match=f"*{queue}*")) == []
+
+
+def test_release_many_of_ready_messages_bumps_attempts_and_delays(make: Make, rc: Any, queue: str) -> None:
+    binding = make()
+    bodies = [body_for(queue, n) for n in range(3)]
+    binding.publish_batch(bodies, queue)
+    held = [must(binding.reserve(queue)) for _ in bodies]
+    binding.release_many(held[:2])
+    binding.release_many(held[2:], delay=30)
+    assert [bq.decode(b)["attempts"] for b in rc.lrange(queue, 0, -1)] == [1, 1]
+    [member] = rc.zrange(f"{queue}:delayed", 0, -1)
+    assert MEMBER.match(member) and bq.decode(member[33:])["attempts"] == 1
+    assert not rc.exists(f"{queue}:processing", f"{queue}:processing:deadlines")
+
+
+def test_a_kill_9_after_a_batch_reserve_loses_nothing(make: Make, rc: Any, queue: str) -> None:
+    binding = make(visibility_timeout=1.0)
+    bodies = dead_bodies(binding, rc, queue, 50)
+    child = textwrap.dedent(f"""
+        import os, signal, sys
+        from airflow_provider_babelqueue.bindings.redis import RedisBinding, RedisConfig
+        binding = RedisBinding(RedisConfig.from_url({REDIS_URL!r}, visibility_timeout=1.0))
+        batch = binding.reserve_dead_letters({queue!r}, 30)
+        sys.stdout.write(str(len(batch)))
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+        """)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", child], cwd=ROOT, env=env, capture_output=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL and done.stdout == b"30", done.stderr.decode()
+    others = binding.reserve_dead_letters(queue, 100)  # the rest; the dead drain's 30 are still reserved
+    assert [m.body for m in others] == bodies[30:]
+    binding.ack_many(others)
+    time.sleep(1.2)
+    recovered = binding.reserve_dead_letters(queue, 100)
+    assert [m.body for m in recovered] == bodies[:30]  # the dead drain's batch, in order
+    binding.ack_many(recovered)
+    assert binding.dead_letter_depth(queue) == 0
+
+
+def test_seen_store_batches_use_one_set(make: Make, rc: Any, queue: str) -> None:
+    binding = make(key_prefix=f"{queue}:")
+    store = binding.seen_store("ledger")
+    store.remember_many([f"k{i}" for i in range(6000)])  # more than one SADD chunk
+    assert rc.scard(f"{queue}:babelqueue:seen:ledger") == 6000
+    assert store.seen_many(["k0", "k5999", "k6000"]) == {"k0", "k5999"}

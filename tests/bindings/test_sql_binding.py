@@ -356,3 +356,101 @@ def test_kill_9_between_reserve_and_ack_loses_nothing(target: Target) -> None:
     binding.ack(recovered)
     assert binding.reserve(target.queue, timeout=0) is None
     assert target.query(f"SELECT COUNT(*) FROM {target.table}")[0][0] == 0
+
+
+# ------------------------------------------------------------------------------------- batch operations
+
+
+def seed_dead_letters(binding: SqlBinding, queue_name: str, count: int) -> list[bytes]:
+    """``count`` rows straight into ``<table>_failed`` (as any SDK writes them), oldest first."""
+    bodies = [body_for(queue_name, n) for n in range(count)]
+    rows = [{"queue": queue_name, "urn": "urn:babel:orders:created", "attempts": 3, "reason": "failed", "error": None,
+             "exception": None, "failed_at": bq.now_ms(), "payload": body, "reserved_at": None} for body in bodies]
+    with binding._write() as conn:
+        conn.execute(sa.insert(binding._failed), rows)
+    return bodies
+
+
+def test_a_batch_reservation_stamps_every_row_with_one_fresh_token(target: Target) -> None:
+    binding = target.make(visibility_timeout=0.5)
+    bodies = seed_dead_letters(binding, target.queue, 5)
+    first = binding.reserve_dead_letters(target.queue, 3)
+    assert [m.body for m in first] == bodies[:3] and all(m.attempts == 3 for m in first)
+    tokens = {m.receipt.token for m in first}
+    assert len(tokens) == 1 and len({m.receipt.row_id for m in first}) == 3
+    stamped = target.query(f"SELECT id, reserved_at FROM {target.failed} WHERE reserved_at IS NOT NULL ORDER BY id")
+    assert [(row[0], row[1]) for row in stamped] == [(m.receipt.row_id, m.receipt.token) for m in first]
+    time.sleep(0.7)
+    again = binding.reserve_dead_letters(target.queue, 10)  # the expired three come first again (by id)
+    assert [m.body for m in again] == bodies
+    assert {m.receipt.token for m in again} == {again[0].receipt.token} and again[0].receipt.token > tokens.pop()
+    binding.ack_many(first)  # stale receipts: nothing is deleted
+    assert target.query(f"SELECT COUNT(*) FROM {target.failed}")[0][0] == 5
+    binding.ack_many(again[1:4])
+    binding.release_many([again[0], again[4]])
+    assert [m.body for m in binding.browse_dead_letters(target.queue)] == [bodies[0], bodies[4]]
+    assert binding.dead_letter_depth(target.queue) == 2
+
+
+def test_concurrent_batch_drains_get_each_dead_letter_exactly_once(target: Target) -> None:
+    bodies = seed_dead_letters(target.make(), target.queue, 300)
+    got: list[bytes] = []
+    start = threading.Barrier(4)
+    drains = [target.make() for _ in range(4)]  # separate engines: separate connection pools
+
+    def drain(binding: SqlBinding) -> None:
+        start.wait()
+        while batch := binding.reserve_dead_letters(target.queue, 17, timeout=0.3):
+            binding.ack_many(batch)
+            got.extend(m.body for m in batch)
+
+    threads = [threading.Thread(target=drain, args=(b,)) for b in drains]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    _assert_each_once(got, bodies)
+    assert target.query(f"SELECT COUNT(*) FROM {target.failed}")[0][0] == 0
+
+
+def test_release_many_of_ready_rows_bumps_attempts_and_delays(target: Target) -> None:
+    binding = target.make()
+    bodies = [body_for(target.queue, n) for n in range(3)]
+    binding.publish_batch(bodies, target.queue)
+    held = [must_reserve(binding, target.queue) for _ in bodies]
+    binding.release_many(held[:2])
+    binding.release_many(held[2:], delay=30)
+    assert binding.depth(target.queue) == 2
+    again = [must_reserve(binding, target.queue) for _ in range(2)]
+    assert [m.attempts for m in again] == [1, 1] and binding.reserve(target.queue, timeout=0) is None
+    rows = target.query(f"SELECT attempts, reserved_at FROM {target.table} ORDER BY id")
+    assert [row[0] for row in rows] == [1, 1, 1] and rows[2][1] is None
+
+
+def test_remember_many_is_idempotent_under_concurrency(target: Target) -> None:
+    stores = [target.make().seen_store("ledger") for _ in range(3)]
+    keys = [f"id-{i}" for i in range(1500)]
+    start = threading.Barrier(3)
+    errors: list[BaseException] = []
+
+    def remember(store: Any, part: list[str]) -> None:
+        start.wait()
+        try:
+            store.remember_many(part)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    parts = [keys[:1000], keys[500:], keys[::2]]  # overlapping: the same keys race
+    threads = [threading.Thread(target=remember, args=pair) for pair in zip(stores, parts, strict=True)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    try:
+        assert errors == []
+        assert len(stores[0]) == 1500 and stores[1].seen_many(keys + ["nope"]) == set(keys)
+    finally:
+        engine = sa.create_engine(target.url)
+        with engine.begin() as conn:
+            conn.execute(sa.text(f'DROP TABLE IF EXISTS "{target.table}_seen"'))
+        engine.dispose()

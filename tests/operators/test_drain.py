@@ -374,3 +374,116 @@ def test_local_sink_fsyncs_each_batch_before_acking(monkeypatch: pytest.MonkeyPa
     drain_dead_letters([DrainSource(binding, queue_name, "c")], LocalFileSink(tmp_path / "d.jsonl"), batch_records=2)
     # directory fsync at creation, then per batch: data fsync before its acks; the close fsyncs again.
     assert events == ["fsync", "fsync", "ack", "ack", "fsync", "ack", "ack", "fsync", "ack", "fsync"]
+
+
+# ------------------------------------------------------------------------------------------- batching
+
+
+class CountingBinding(MemoryBinding):
+    """Records the batch calls the drain makes (the memory binding's own batch methods do the work)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, int]] = []
+
+    def reserve_dead_letters(self, queue_name: str, limit: int, timeout: float = 0) -> list[ReceivedMessage]:
+        taken = super().reserve_dead_letters(queue_name, limit, timeout)
+        self.calls.append(("reserve", limit))
+        return taken
+
+    def ack_many(self, messages: Any) -> None:
+        self.calls.append(("ack", len(messages)))
+        super().ack_many(messages)
+
+    def release_many(self, messages: Any, delay: float = 0) -> None:
+        self.calls.append(("release", len(messages)))
+        super().release_many(messages, delay)
+
+
+def test_move_reserves_and_acks_a_batch_at_a_time(tmp_path: Path, queue_name: str) -> None:
+    binding = CountingBinding()
+    ids = seed(binding, queue_name, 25)
+    result = drain_dead_letters([DrainSource(binding, queue_name, "c")], LocalFileSink(tmp_path / "d.jsonl"),
+                                batch_records=10)
+    assert result.records == 25 and [r["meta_id"] for r in read_records(tmp_path / "d.jsonl")] == ids
+    assert binding.calls == [("reserve", 10), ("ack", 10), ("reserve", 10), ("ack", 10), ("reserve", 10),
+                             ("reserve", 5), ("ack", 5)]  # the last batch is acked by the final flush
+    assert binding.dead_letter_depth(queue_name) == 0
+
+
+def test_bounds_limit_what_is_reserved(tmp_path: Path, queue_name: str) -> None:
+    binding = CountingBinding()
+    ids = seed(binding, queue_name, 30)
+    first = drain_dead_letters([DrainSource(binding, queue_name, "c")], LocalFileSink(tmp_path / "a.jsonl"),
+                               batch_records=10, max_messages=13)
+    assert first.records == 13 and not [call for call in binding.calls if call[0] == "release"]
+    assert [limit for call, limit in binding.calls if call == "reserve"] == [10, 3]  # never past max_messages
+    record_size = first.bytes // 13
+    binding.calls.clear()
+    second = drain_dead_letters([DrainSource(binding, queue_name, "c")], LocalFileSink(tmp_path / "b.jsonl"),
+                                batch_records=10, max_bytes=int(record_size * 4.5))
+    assert second.records == 4
+    released = sum(n for call, n in binding.calls if call == "release")
+    assert released >= 1 and binding.dead_letter_depth(queue_name) == 30 - 13 - 4  # the rest went back at once
+    assert sorted(dlq_ids(binding, queue_name)) == sorted(ids[17:])
+
+
+class SingleOnlyBinding(Binding):
+    """A binding written before the batch methods existed: only the single-message protocol."""
+
+    name = "single-only"
+    can_browse = False
+
+    def __init__(self) -> None:
+        self.inner = MemoryBinding()
+
+    def publish(self, body, queue_name, *, headers=None, delay=0):  # type: ignore[no-untyped-def]
+        self.inner.publish(body, queue_name, headers=headers, delay=delay)
+
+    def publish_batch(self, bodies, queue_name):  # type: ignore[no-untyped-def]
+        self.inner.publish_batch(bodies, queue_name)
+
+    def reserve(self, queue_name, timeout=0):  # type: ignore[no-untyped-def]
+        return self.inner.reserve(queue_name, timeout)
+
+    def ack(self, message):  # type: ignore[no-untyped-def]
+        self.inner.ack(message)
+
+    def release(self, message, delay=0):  # type: ignore[no-untyped-def]
+        self.inner.release(message, delay)
+
+    def dead_letter(self, message, reason, *, error=None, exception=None):  # type: ignore[no-untyped-def]
+        self.inner.dead_letter(message, reason, error=error, exception=exception)
+
+    def depth(self, queue_name):  # type: ignore[no-untyped-def]
+        return self.inner.depth(queue_name)
+
+    def dead_letter_depth(self, queue_name):  # type: ignore[no-untyped-def]
+        return self.inner.dead_letter_depth(queue_name)
+
+    def reserve_dead_letter(self, queue_name, timeout=0):  # type: ignore[no-untyped-def]
+        return self.inner.reserve_dead_letter(queue_name, timeout)
+
+
+def test_a_binding_with_only_single_message_methods_still_drains(tmp_path: Path, queue_name: str) -> None:
+    binding = SingleOnlyBinding()
+    ids = seed(binding, queue_name, 12)
+    result = drain_dead_letters([DrainSource(binding, queue_name, "c")], LocalFileSink(tmp_path / "d.jsonl"),
+                                batch_records=5)
+    assert result.records == 12 and [r["meta_id"] for r in read_records(tmp_path / "d.jsonl")] == ids
+    assert binding.dead_letter_depth(queue_name) == 0
+
+
+def test_a_failure_mid_batch_releases_the_rest_of_the_reservation_at_once(tmp_path: Path, queue_name: str) -> None:
+    binding = MemoryBinding()
+    ids = seed(binding, queue_name, 30)
+    record_size = len(drain_record(binding.browse_dead_letters(queue_name, 1)[0], broker="memory",
+                                   dead_letter_queue="x", source_conn_id="c", drained_at=1))
+    sink = FaultySink(tmp_path / "d.jsonl", fail_on_write=2)  # flushes every ~3 records (batch_bytes), not per 10
+    with pytest.raises(OSError, match="simulated fault"):
+        drain_dead_letters([DrainSource(binding, queue_name, "c")], sink, batch_records=10,
+                           batch_bytes=record_size * 3)
+    in_file = [r["meta_id"] for r in read_records(tmp_path / "d.jsonl")]
+    assert 0 < len(in_file) < 10 and in_file == ids[:len(in_file)]
+    assert binding.dead_letter_depth(queue_name) == 30 - len(in_file)  # nothing left reserved until a timeout
+    assert sorted(dlq_ids(binding, queue_name)) == sorted(ids[len(in_file):])

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import collections
 import datetime
 import gzip
 import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -24,7 +27,8 @@ from airflow_provider_babelqueue.drain import drain_record, record_body
 from airflow_provider_babelqueue.hooks import get_hook
 from airflow_provider_babelqueue.operators import replay as replay_module
 from airflow_provider_babelqueue.operators.drain import BabelQueueDrainDeadLettersOperator
-from airflow_provider_babelqueue.operators.replay import BabelQueueReplayOperator, copy_digest
+from airflow_provider_babelqueue.operators.replay import BabelQueueReplayOperator
+from airflow_provider_babelqueue.replay import copy_digest
 from tests.airflow_harness import run_dag, task_states, xcom
 from tests.operators.test_drain import POISON, NoBrowseBinding, dead_letter, envelope_body, read_records, use_bindings
 
@@ -335,16 +339,16 @@ def test_ledger_order_publish_remember_ack(monkeypatch: pytest.MonkeyPatch) -> N
     ids.remember(bq.meta_id_of(bq.decode(stored[0])))
     digests.remember(copy_digest(stored[0]))
     store_class = type(ids)
-    real_remember = store_class.remember
+    real_remember_many = store_class.remember_many
     calls = {"n": 0}
 
-    def remember_fails_once(self: Any, key: str) -> None:
+    def remember_many_fails_once(self: Any, keys: list[str]) -> None:  # the engine remembers a batch at once
         calls["n"] += 1
         if calls["n"] == 1:
             raise ConnectionError("ledger unreachable (simulated fault)")
-        real_remember(self, key)
+        real_remember_many(self, keys)
 
-    monkeypatch.setattr(store_class, "remember", remember_fails_once)
+    monkeypatch.setattr(store_class, "remember_many", remember_many_fails_once)
     with pytest.raises(ConnectionError, match="simulated fault"):
         run_replay(source_conn_id="bq", queue_name="orders")
     # stored[1] was published but not remembered: its DLQ copy was released; so was the copy of stored[0],
@@ -393,3 +397,183 @@ def test_validation_errors() -> None:
     operator = BabelQueueReplayOperator(task_id="r", queue_name="a", min_age_seconds=10, max_age_seconds=5)
     with pytest.raises(ValueError, match="nothing could match"):
         operator.execute(context={})
+
+
+# ------------------------------------------------------------------------------------------- batching
+
+
+class Recording(MemoryBinding):
+    """Logs the batch calls of a replay, in order, on one memory broker (source, target and ledger)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, int]] = []
+
+    def publish_batch(self, bodies: Sequence[bytes], queue_name: str) -> None:
+        self.events.append(("publish_batch", len(bodies)))
+        super().publish_batch(bodies, queue_name)
+
+    def ack_many(self, messages: Sequence[ReceivedMessage]) -> None:
+        self.events.append(("ack_many", len(messages)))
+        super().ack_many(messages)
+
+    def reserve_dead_letters(self, queue_name: str, limit: int, timeout: float = 0) -> list[ReceivedMessage]:
+        taken = super().reserve_dead_letters(queue_name, limit, timeout)
+        self.events.append(("reserve_dead_letters", len(taken)))
+        return taken
+
+    def seen_store(self, name: str) -> Any:
+        store, events = super().seen_store(name), self.events
+        kind = "digests" if name.endswith(":copies") else "ids"
+
+        class Logged:
+            def seen(self, key: str) -> bool:
+                events.append((f"seen {kind}", 1))
+                return store.seen(key)
+
+            def seen_many(self, keys: Sequence[str]) -> set[str]:
+                events.append((f"seen_many {kind}", len(keys)))
+                return store.seen_many(keys)
+
+            def remember(self, key: str) -> None:
+                events.append((f"remember {kind}", 1))
+                store.remember(key)
+
+            def remember_many(self, keys: Sequence[str]) -> None:
+                events.append((f"remember_many {kind}", len(keys)))
+                store.remember_many(keys)
+
+            def forget(self, key: str) -> None:
+                store.forget(key)
+
+            def __len__(self) -> int:
+                return len(store)
+
+        return Logged()
+
+
+def test_a_redrive_works_a_batch_at_a_time_in_ledger_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    binding = Recording()
+    stored = seed_good(binding, "orders", 7)
+    use_bindings(monkeypatch, replay_module, {"bq": binding})
+    binding.events.clear()
+    result = run_replay(source_conn_id="bq", queue_name="orders", batch_size=3)
+    assert result["replayed"] == 7 and binding.dead_letter_depth("orders") == 0
+    batch = [("seen_many ids", 3), ("publish_batch", 3), ("remember_many digests", 3), ("remember_many ids", 3),
+             ("ack_many", 3)]
+    assert binding.events == [
+        ("reserve_dead_letters", 3), *batch, ("reserve_dead_letters", 3), *batch,
+        ("reserve_dead_letters", 1), ("reserve_dead_letters", 0),  # the DLQ is empty: the last one is flushed
+        ("seen_many ids", 1), ("remember_many digests", 1), ("remember_many ids", 1), ("ack_many", 1),
+    ]  # (a batch of one is published with publish()); no per-message ledger lookups or acks anywhere
+    assert [m.body for m in reserve_all(binding, "orders")] == [expected_reset(b) for b in stored]
+
+
+def test_duplicates_within_one_batch_follow_the_digest_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_babelqueue.bindings.memory import _Stored
+
+    binding = MemoryBinding()
+    first, second = annotated(0), annotated(1)
+    failed_again = bq.decode(first)
+    failed_again["dead_letter"]["error"] = "failed again after the replay"
+    changed = bq.encode(failed_again)  # same meta.id as `first`, other bytes
+    for body in (first, second, first, changed):  # exact DLQ bytes: a staging duplicate and a changed copy
+        binding._dead.setdefault("orders", collections.deque()).append(_Stored(body, {}))
+    use_bindings(monkeypatch, replay_module, {"bq": binding})
+    result = run_replay(source_conn_id="bq", queue_name="orders", batch_size=10)  # all four in one lookup batch
+    assert (result["replayed"], result["duplicates_avoided"], result["duplicates_kept"]) == (2, 2, 1)
+    assert [m.body for m in binding.browse_dead_letters("orders")] == [changed]  # the identical copy was acked
+    assert [m.body for m in reserve_all(binding, "orders")] == [expected_reset(first), expected_reset(second)]
+    again = run_replay(source_conn_id="bq", queue_name="orders")
+    assert (again["replayed"], again["duplicates_avoided"], again["duplicates_kept"]) == (0, 1, 1)
+    assert [m.body for m in binding.browse_dead_letters("orders")] == [changed]
+
+
+def test_a_crash_between_the_two_remembers_republishes_instead_of_keeping(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Digests are remembered before meta.ids: a crash in between leaves the meta.id unknown, so the next run
+    publishes the message once more (allowed) instead of keeping its DLQ copy as if it had failed again."""
+    binding = MemoryBinding()
+    stored = seed_good(binding, "orders", 2)
+    use_bindings(monkeypatch, replay_module, {"bq": binding})
+    store_class = type(binding.seen_store("replay:orders"))
+    real_remember_many = store_class.remember_many
+    calls = {"n": 0}
+
+    def second_remember_fails(self: Any, keys: list[str]) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the meta.id remember of the first batch, after its digests
+            raise ConnectionError("ledger unreachable (simulated fault)")
+        real_remember_many(self, keys)
+
+    monkeypatch.setattr(store_class, "remember_many", second_remember_fails)
+    with pytest.raises(ConnectionError, match="simulated fault"):
+        run_replay(source_conn_id="bq", queue_name="orders")
+    assert binding.depth("orders") == 2 and binding.dead_letter_depth("orders") == 2
+    result = run_replay(source_conn_id="bq", queue_name="orders")
+    assert (result["replayed"], result["duplicates_kept"]) == (2, 0) and binding.dead_letter_depth("orders") == 0
+    assert [m.body for m in reserve_all(binding, "orders")] == [expected_reset(b) for b in stored] * 2
+
+
+def test_max_messages_never_reserves_past_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    binding = Recording()
+    seed_good(binding, "orders", 9)
+    use_bindings(monkeypatch, replay_module, {"bq": binding})
+    binding.events.clear()
+    assert run_replay(source_conn_id="bq", queue_name="orders", max_messages=4, batch_size=3)["replayed"] == 4
+    assert [n for event, n in binding.events if event == "reserve_dead_letters"] == [3, 1]
+    assert binding.dead_letter_depth("orders") == 5 and not [e for e in binding.events if e[0] == "release"]
+
+
+def test_the_engine_module_imports_no_airflow_and_no_broker_client() -> None:
+    code = "import sys, airflow_provider_babelqueue.replay; print(sorted({m.split('.')[0] for m in sys.modules}))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    loaded = set(json.loads(out.replace("'", '"')))
+    forbidden = {"airflow", "redis", "pika", "boto3", "botocore", "sqlalchemy", "psycopg2", "pyspark", "jsonschema"}
+    assert "orjson" in loaded and not loaded & forbidden, sorted(loaded & forbidden)
+
+
+def test_a_failure_mid_batch_gives_every_reservation_back_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    class LedgerDown(MemoryBinding):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lookups = 0
+
+        def seen_store(self, name: str) -> Any:
+            store, owner = super().seen_store(name), self
+
+            class Failing:
+                def seen_many(self, keys: Sequence[str]) -> set[str]:
+                    owner.lookups += 1
+                    if owner.lookups == 2:  # the second batch's lookup
+                        raise ConnectionError("ledger unreachable (simulated fault)")
+                    return store.seen_many(keys)
+
+                def __getattr__(self, name: str) -> Any:
+                    return getattr(store, name)
+
+            return Failing()
+
+    binding = LedgerDown()
+    stored = seed_good(binding, "orders", 8)
+    dead_letter(binding, "orders", POISON, "poison")  # skipped: held until the end
+    use_bindings(monkeypatch, replay_module, {"bq": binding})
+    with pytest.raises(ConnectionError, match="simulated fault"):
+        run_replay(source_conn_id="bq", queue_name="orders", batch_size=3)
+    assert binding.depth("orders") == 3  # the first batch was published, remembered and acked
+    assert binding.dead_letter_depth("orders") == 6  # everything else is back now, not after a timeout
+    assert sorted(m.body for m in binding.browse_dead_letters("orders")) == sorted([*stored[3:], POISON])
+
+
+def test_an_unusable_ledger_gives_the_reserved_batch_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_babelqueue.bindings.base import NotSupportedError
+
+    class NoLedger(MemoryBinding):
+        def seen_store(self, name: str) -> Any:
+            raise NotSupportedError("the noledger binding cannot hold an idempotency store")
+
+    source = MemoryBinding()
+    seed_good(source, "orders", 5)
+    use_bindings(monkeypatch, replay_module, {"src": source, "dst": NoLedger()})
+    with pytest.raises(NotSupportedError, match="ledger_conn_id"):
+        run_replay(source_conn_id="src", queue_name="orders", target_conn_id="dst", batch_size=3)
+    assert source.dead_letter_depth("orders") == 5  # the three reserved ones are back at once
