@@ -23,18 +23,15 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import ssl as ssl_module
 import threading
 import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
 
-from .. import envelope as bq
+from ._amqp import MAX_BODY, MIRROR, RabbitMQConfig, _confirmed_batch, amqp_properties
 from .base import (
     Binding,
     BindingError,
@@ -50,219 +47,6 @@ from .base import (
 __all__ = ["MAX_BODY", "MIRROR", "RabbitMQBinding", "RabbitMQConfig", "amqp_properties"]
 
 logger = logging.getLogger(__name__)
-
-#: RabbitMQ's default ``max_message_size``: a larger body is refused before anything is sent.
-MAX_BODY = 128 * 1024 * 1024
-#: Prefix of the received properties mirrored into ``ReceivedMessage.headers`` (dropped again on publish).
-MIRROR = "amqp."
-_CONTRACT = ("x-schema-version", "x-source-lang", "x-attempts")
-#: Written by the broker (native dead-lettering, quorum queues): never forwarded on a republish.
-_BROKER_HEADERS = ("x-death", "x-first-death-", "x-last-death-", "x-delivery-count")
-_CONFIRM_TIMEOUT = 120.0  # longest wait for a batch's confirms
-
-
-def _int64(value: Any) -> bool:
-    return value.__class__ is int and -(2**63) <= value < 2**63
-
-
-def amqp_properties(envelope_or_body: Mapping[str, Any] | bytes, headers: Mapping[str, Any] | None = None
-                    ) -> dict[str, Any]:
-    """The AMQP properties of one message as plain values (pure: the conformance test needs no broker).
-
-    ``type`` = URN, ``correlation_id`` = trace_id, ``message_id`` = meta.id, ``app_id`` ``babelqueue``, the
-    native-typed headers ``x-schema-version`` (int), ``x-source-lang`` (str), ``x-attempts`` (int), plus
-    persistence and ``content_encoding`` ``utf-8`` like the official SDK. ``headers`` join the table but never
-    replace a contract header; ``amqp.*`` mirrors and broker-written headers are dropped, so a received
-    message's headers forward safely. An undecodable body gets the content type and persistence only:
-    there is nothing to project. A string over AMQP's 255-byte short-string limit is left out rather than
-    failing the publish (the body stays authoritative).
-    """
-    env = envelope_or_body if isinstance(envelope_or_body, Mapping) else parse_body(bytes(envelope_or_body))[0]
-    table = {str(k): v for k, v in (headers or {}).items() if not str(k).startswith((MIRROR, *_BROKER_HEADERS))}
-    props: dict[str, Any] = {"content_type": "application/json", "delivery_mode": 2}
-    if env is not None:
-        meta = env.get("meta") if isinstance(env.get("meta"), Mapping) else {}
-        props["content_encoding"] = "utf-8"
-        for name, value in (("type", bq.urn_of(env)), ("correlation_id", env.get("trace_id")),
-                            ("message_id", meta.get("id"))):
-            if isinstance(value, str) and value and len(value.encode("utf-8", "surrogatepass")) <= 255:
-                props[name] = value
-        props["app_id"] = "babelqueue"
-        attempts = env.get("attempts", 0)
-        contract = {"x-schema-version": meta.get("schema_version"), "x-source-lang": meta.get("lang"),
-                    "x-attempts": attempts if _int64(attempts) and attempts >= 0 else 0}
-        table = {k: v for k, v in table.items() if k not in _CONTRACT}
-        table.update((k, v) for k, v in contract.items() if (isinstance(v, str) if k == "x-source-lang" else _int64(v)))
-    if table:
-        props["headers"] = table
-    return props
-
-
-def _flag(text: str) -> bool:
-    return text.strip().lower() in ("1", "true", "yes", "on")
-
-
-_URL_PARAMS: dict[str, Any] = {
-    "ssl_ca_certs": str, "dead_letter_suffix": str, "heartbeat": int, "socket_timeout": float,
-    "blocked_connection_timeout": float, "visibility_timeout": float, "declare_queues": _flag,
-    "publisher_confirms": _flag,
-}
-
-
-@dataclass(frozen=True, slots=True)
-class RabbitMQConfig:
-    """Where the broker is and how queues are handled.
-
-    :param host: broker host (with ``port``), named in every error so a failing worker says where it tried.
-    :param virtual_host: every SDK sharing the queues must use the same one.
-    :param password: never printed: excluded from ``repr`` and from error messages.
-    :param ssl: AMQPS (usually port 5671); ``ssl_ca_certs``: a CA bundle the system store lacks.
-    :param dead_letter_suffix: the DLQ is ``<queue><suffix>``; ``".dlq"`` shares it with the SDKs' apps.
-    :param declare_queues: create (durable, no arguments) queues that do not exist. ``False``: passive
-        declares only, for queues an operator owns; a missing one is then an error.
-    :param publisher_confirms: wait for the broker's confirm of every publish and every body of a batch.
-        Without it publishing is fire-and-forget: a connection lost meanwhile drops messages silently.
-    :param heartbeat: seconds; ``None`` takes the broker's (60), ``0`` turns heartbeats off.
-    :param blocked_connection_timeout: give up after this long blocked by a broker resource alarm.
-    :param socket_timeout: seconds to connect and per socket wait, so a dead network cannot hang a worker.
-    :param visibility_timeout: optional lease: a reservation held longer is requeued (``basic.nack``) and its
-        late settle ignored. ``None``: held until settled or the connection closes (RabbitMQ's model). The
-        broker's ``consumer_timeout`` (30 min by default) closes a channel whose delivery stays unacked longer.
-    """
-
-    host: str = "127.0.0.1"
-    port: int = 5672
-    virtual_host: str = "/"
-    username: str = "guest"
-    password: str = field(default="guest", repr=False)
-    ssl: bool = False
-    ssl_ca_certs: str | None = None
-    dead_letter_suffix: str = ".failed"
-    declare_queues: bool = True
-    publisher_confirms: bool = True
-    heartbeat: int | None = None
-    blocked_connection_timeout: float | None = 300.0
-    socket_timeout: float | None = 10.0
-    visibility_timeout: float | None = None
-
-    def __post_init__(self) -> None:
-        if not self.dead_letter_suffix:
-            raise ValueError("dead_letter_suffix must not be empty: the DLQ would be the queue itself")
-        if (vt := self.visibility_timeout) is not None and not (math.isfinite(vt) and vt > 0):
-            raise ValueError(f"visibility_timeout must be a positive number of seconds or None, got {vt}")
-        if self.ssl_ca_certs and not self.ssl:
-            raise ValueError("ssl_ca_certs is set but ssl is off: turn ssl on (amqps) or remove the CA bundle")
-
-    @classmethod
-    def from_url(cls, url: str, **overrides: Any) -> RabbitMQConfig:
-        """A config from ``amqp[s]://[user:password@]host[:port][/vhost][?heartbeat=30&...]``.
-
-        As in pika and the SDKs, no path (or ``/``) is the vhost ``/``. ``amqps`` turns TLS on (port 5671).
-        Query parameters may set the fields ``ssl_ca_certs``, ``dead_letter_suffix``, ``declare_queues``,
-        ``publisher_confirms``, ``heartbeat``, ``socket_timeout``, ``blocked_connection_timeout`` and
-        ``visibility_timeout``; unknown ones are rejected, so a typo does not fall back to a default.
-        :param overrides: field values that win over the URL (e.g. an Airflow connection's extras).
-        """
-        parts = urlsplit(url)
-        if parts.scheme not in ("amqp", "amqps"):
-            raise ValueError(f"expected an amqp:// or amqps:// URL, got scheme {parts.scheme!r}")
-        tls = parts.scheme == "amqps"
-        values: dict[str, Any] = {"host": parts.hostname or "127.0.0.1", "port": parts.port or (5671 if tls else 5672),
-                                  "ssl": tls}
-        if parts.username is not None:
-            values.update(username=unquote(parts.username), password=unquote(parts.password or ""))
-        if len(parts.path) > 1:
-            values["virtual_host"] = unquote(parts.path[1:])
-        for key, items in parse_qs(parts.query, keep_blank_values=True).items():
-            if key not in _URL_PARAMS:
-                raise ValueError(f"unknown AMQP URL parameter {key!r}; known: {', '.join(sorted(_URL_PARAMS))}")
-            values[key] = _URL_PARAMS[key](items[-1])
-        return cls(**{**values, **overrides})
-
-    def parameters(self, pika: Any) -> Any:
-        """``pika.ConnectionParameters`` with one connection attempt (the caller reports a failure)."""
-        options: dict[str, Any] = {"blocked_connection_timeout": self.blocked_connection_timeout}
-        if self.heartbeat is not None:
-            options["heartbeat"] = self.heartbeat
-        if self.socket_timeout is not None:
-            options.update(socket_timeout=self.socket_timeout, stack_timeout=self.socket_timeout * 3)
-        if self.ssl:
-            if self.ssl_ca_certs and not os.path.isfile(self.ssl_ca_certs):  # checked here: the worker's files
-                raise BindingError(f"ssl_ca_certs {self.ssl_ca_certs!r} is not a readable file on this worker")
-            options["ssl_options"] = pika.SSLOptions(ssl_module.create_default_context(cafile=self.ssl_ca_certs),
-                                                     self.host)
-        return pika.ConnectionParameters(host=self.host, port=self.port, virtual_host=self.virtual_host,
-                                         credentials=pika.PlainCredentials(self.username, self.password),
-                                         connection_attempts=1, **options)
-
-
-def _confirmed_batch(pika: Any, parameters: Any, queue: str, bodies: list[bytes], props: list[Any]
-                     ) -> tuple[list[int], str]:
-    """Publish a batch on a fresh asynchronous connection and collect its confirms as they stream back.
-
-    pika's ``BlockingChannel`` in confirm mode waits a round trip per message (about 1,100 msg/s here); this
-    runs at the speed of unconfirmed publishing and still knows which body was acked, nacked or returned
-    (delivery tags count the channel's publishes from 1). Returns the indexes not confirmed, and why.
-    """
-    outcome: list[str | None] = [None] * len(bodies)
-    returned: set[int] = set()
-    low, pending, next_return, opened, error = 1, len(bodies), 0, False, None
-
-    def on_confirm(frame: Any) -> None:
-        nonlocal low, pending
-        method, ok = frame.method, isinstance(frame.method, pika.spec.Basic.Ack)
-        for tag in range(low, method.delivery_tag + 1) if method.multiple else (method.delivery_tag,):
-            if 0 < tag <= len(outcome) and outcome[tag - 1] is None:
-                outcome[tag - 1] = ("returned" if tag - 1 in returned else "ok") if ok else "nacked"
-                pending -= 1
-        while low <= len(outcome) and outcome[low - 1] is not None:
-            low += 1
-        if not pending:
-            conn.ioloop.stop()
-
-    def on_return(_channel: Any, _method: Any, _props: Any, body: bytes) -> None:
-        nonlocal next_return  # a Basic.Return has no delivery tag, but precedes its ack, in publish order
-        for index in range(next_return, len(bodies)):
-            if bodies[index] == body and outcome[index] is None:
-                returned.add(index)
-                next_return = index + 1
-                return
-
-    def on_channel(channel: Any) -> None:
-        channel.add_on_close_callback(on_closed)
-        channel.add_on_return_callback(on_return)
-        channel.confirm_delivery(ack_nack_callback=on_confirm, callback=lambda _frame: publish_all(channel))
-
-    def publish_all(channel: Any) -> None:
-        nonlocal opened
-        opened = True
-        for body, prop in zip(bodies, props, strict=True):
-            channel.basic_publish("", queue, body, prop, mandatory=True)
-
-    def on_closed(_source: Any, exc: BaseException) -> None:
-        nonlocal error
-        error = error or exc
-        conn.ioloop.stop()
-
-    conn = pika.SelectConnection(parameters, on_open_callback=lambda c: c.channel(on_open_callback=on_channel),
-                                 on_open_error_callback=on_closed, on_close_callback=on_closed)
-    try:
-        timer = conn.ioloop.call_later(_CONFIRM_TIMEOUT, conn.ioloop.stop)
-        conn.ioloop.start()
-        conn.ioloop.remove_timeout(timer)
-        if not opened:
-            raise error or pika.exceptions.AMQPConnectionError("timed out opening a connection")
-        failed = [i for i, result in enumerate(outcome) if result != "ok"]
-        why = {outcome[i] or "unconfirmed" for i in failed}
-        if error is not None or pending:
-            why.add(f"connection lost: {error}" if error else f"no confirm within {_CONFIRM_TIMEOUT:.0f} s")
-        return failed, ", ".join(sorted(why))
-    finally:
-        if conn.is_open:
-            conn.close()
-            conn.ioloop.call_later(5.0, conn.ioloop.stop)
-            conn.ioloop.start()  # until on_closed (or 5 s)
-        conn.ioloop.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,20 +147,28 @@ class RabbitMQBinding(Binding):
             elif isinstance(exc, errors.ProbableAccessDeniedError) or code == 530:
                 hint = f"access to virtual host {c.virtual_host!r} was refused; check it exists and the user's rights"
             elif isinstance(exc, errors.AMQPConnectionError | OSError):
-                hint = (f"cannot reach the broker; check that RabbitMQ runs there, that the port is reachable from "
-                        f"this worker and that TLS is {'on' if c.ssl else 'off'} on the server too")
+                hint = (
+                    f"cannot reach the broker; check that RabbitMQ runs there, that the port is reachable from "
+                    f"this worker and that TLS is {'on' if c.ssl else 'off'} on the server too"
+                )
             else:
-                hint = {406: "the queue exists with other arguments or type; use another name or declare it alike",
-                        404: "the queue does not exist; create it, or set declare_queues=True",
-                        403: "the user lacks configure/write/read permission on this queue"}.get(code, "")
-                hint = hint or ("the broker returned the message: the queue does not exist (deleted meanwhile?)"
-                                if isinstance(exc, errors.UnroutableError) else
-                                "the broker refused the message (nack): a full queue with x-overflow=reject-publish?"
-                                if isinstance(exc, errors.NackError) else "the broker refused the operation")
+                hint = {
+                    406: "the queue exists with other arguments or type; use another name or declare it alike",
+                    404: "the queue does not exist; create it, or set declare_queues=True",
+                    403: "the user lacks configure/write/read permission on this queue",
+                }.get(code, "")
+                hint = hint or (
+                    "the broker returned the message: the queue does not exist (deleted meanwhile?)"
+                    if isinstance(exc, errors.UnroutableError)
+                    else "the broker refused the message (nack): a full queue with x-overflow=reject-publish?"
+                    if isinstance(exc, errors.NackError)
+                    else "the broker refused the operation"
+                )
             text = str(exc) or repr(exc)
             text = text.replace(c.password, "***") if c.password else text
-            raise BindingError(f"{self._where()}: {action} on {queue!r} failed: {hint} ({type(exc).__name__}: "
-                               f"{text})") from exc
+            raise BindingError(
+                f"{self._where()}: {action} on {queue!r} failed: {hint} ({type(exc).__name__}: {text})"
+            ) from exc
 
     def _exists(self, queue: str, create: bool, arguments: dict[str, Any] | None = None) -> bool:
         """Passive declare first (cached), so a queue someone else declared with arguments is never redeclared."""
@@ -408,8 +200,16 @@ class RabbitMQBinding(Binding):
         if delay > 0:  # redeclared on each use: that renews the delay queue's x-expires lease
             ms = max(1, math.ceil(delay * 1000))
             target = f"{queue}.delay.{ms}"
-            self._exists(target, True, {"x-message-ttl": ms, "x-dead-letter-exchange": "",
-                                        "x-dead-letter-routing-key": queue, "x-expires": ms + 60_000})
+            self._exists(
+                target,
+                True,
+                {
+                    "x-message-ttl": ms,
+                    "x-dead-letter-exchange": "",
+                    "x-dead-letter-routing-key": queue,
+                    "x-expires": ms + 60_000,
+                },
+            )
         props = self._pika.BasicProperties(**amqp_properties(body, headers))
         try:
             self._channel("work").basic_publish("", target, body, props, mandatory=self.config.publisher_confirms)
@@ -431,8 +231,11 @@ class RabbitMQBinding(Binding):
         returned or left unconfirmed; a body over :data:`MAX_BODY` fails the batch before anything is sent."""
         bodies = [bytes(b) for b in bodies]
         if too_big := [i for i, body in enumerate(bodies) if len(body) > MAX_BODY]:
-            raise PublishBatchError(f"bodies {too_big[:10]} exceed RabbitMQ's default max_message_size ({MAX_BODY} "
-                                    "bytes); nothing was sent", range(len(bodies)))
+            raise PublishBatchError(
+                f"bodies {too_big[:10]} exceed RabbitMQ's default max_message_size ({MAX_BODY} "
+                "bytes); nothing was sent",
+                range(len(bodies)),
+            )
         props = [self._pika.BasicProperties(**amqp_properties(body)) for body in bodies]
         with self._lock:
             try:
@@ -440,20 +243,26 @@ class RabbitMQBinding(Binding):
                     if not bodies:
                         return
                     if not self._exists(queue_name, self.config.declare_queues):
-                        raise BindingError(f"{self._where()}: queue {queue_name!r} does not exist and "
-                                           "declare_queues is off")
+                        raise BindingError(
+                            f"{self._where()}: queue {queue_name!r} does not exist and declare_queues is off"
+                        )
                     if not self.config.publisher_confirms:
                         for body, prop in zip(bodies, props, strict=True):
                             self._channel("work").basic_publish("", queue_name, body, prop)
                         return
-                    failed, why = _confirmed_batch(self._pika, self.config.parameters(self._pika), queue_name,
-                                                   bodies, props)
+                    failed, why = _confirmed_batch(
+                        self._pika, self.config.parameters(self._pika), queue_name, bodies, props
+                    )
             except BindingError as exc:
-                raise PublishBatchError(f"{exc}; no body of the batch is known to be delivered",
-                                        range(len(bodies))) from exc
+                raise PublishBatchError(
+                    f"{exc}; no body of the batch is known to be delivered", range(len(bodies))
+                ) from exc
         if failed:
-            raise PublishBatchError(f"{self._where()}: {len(failed)} of {len(bodies)} bodies to {queue_name!r} were "
-                                    f"not confirmed ({why}); all others were", failed)
+            raise PublishBatchError(
+                f"{self._where()}: {len(failed)} of {len(bodies)} bodies to {queue_name!r} were "
+                f"not confirmed ({why}); all others were",
+                failed,
+            )
 
     def _take(self, queue_name: str, source: str, timeout: float, dead: bool) -> ReceivedMessage | None:
         end, pause = time.monotonic() + max(timeout, 0), 0.02
@@ -483,10 +292,16 @@ class RabbitMQBinding(Binding):
         mirrors = {f"{MIRROR}{name}": getattr(props, name) for name in names if getattr(props, name) is not None}
         count = table.get("x-delivery-count")  # quorum queues count redeliveries natively
         return ReceivedMessage(
-            body=body, queue_name=queue, envelope=envelope, decode_error=error, attempts=attempts,
+            body=body,
+            queue_name=queue,
+            envelope=envelope,
+            decode_error=error,
+            attempts=attempts,
             delivery_count=count if count.__class__ is int else None,
             headers={**table, **mirrors, f"{MIRROR}redelivered": bool(method.redelivered)},
-            receipt=receipt, from_dead_letter=dead)
+            receipt=receipt,
+            from_dead_letter=dead,
+        )
 
     def _expire(self) -> None:
         """Requeue reservations held past ``visibility_timeout`` (the caller holds the lock)."""
@@ -496,11 +311,20 @@ class RabbitMQBinding(Binding):
         for tag in [tag for tag, deadline in self._held.items() if deadline <= now]:
             del self._held[tag]
             self._work.basic_nack(tag, requeue=True)
-            logger.warning("RabbitMQ reservation (tag %s) passed its visibility timeout (%s s): requeued", tag,
-                           self.config.visibility_timeout)
+            logger.warning(
+                "RabbitMQ reservation (tag %s) passed its visibility timeout (%s s): requeued",
+                tag,
+                self.config.visibility_timeout,
+            )
 
-    def _settle(self, message: ReceivedMessage, action: str, copy: tuple[str, bytes, Mapping[str, Any]] | None = None,
-                delay: float = 0, requeue: bool = False) -> None:
+    def _settle(
+        self,
+        message: ReceivedMessage,
+        action: str,
+        copy: tuple[str, bytes, Mapping[str, Any]] | None = None,
+        delay: float = 0,
+        requeue: bool = False,
+    ) -> None:
         """Publish ``copy`` (queue, body, headers) if any and wait for its confirm, then ack (or requeue)."""
         receipt = message.receipt
         if not isinstance(receipt, _Receipt):
@@ -508,10 +332,17 @@ class RabbitMQBinding(Binding):
         with self._lock, self._guard(action, receipt.source):
             self._expire()
             work = self._work
-            if receipt.generation != self._generation or receipt.tag not in self._held or work is None \
-                    or work.is_closed:
-                logger.warning("RabbitMQ delivery from %r is no longer held (its channel closed or its visibility "
-                               "timeout passed, so the broker requeued it); nothing was changed", receipt.source)
+            if (
+                receipt.generation != self._generation
+                or receipt.tag not in self._held
+                or work is None
+                or work.is_closed
+            ):
+                logger.warning(
+                    "RabbitMQ delivery from %r is no longer held (its channel closed or its visibility "
+                    "timeout passed, so the broker requeued it); nothing was changed",
+                    receipt.source,
+                )
                 return
             if copy is not None:
                 self._send(*copy, delay=delay)
@@ -568,8 +399,10 @@ class RabbitMQBinding(Binding):
     def browse_dead_letters(self, queue_name: str, limit: int = 100) -> list[ReceivedMessage]:
         """Not supported: a classic queue cannot be read without taking the messages, and emulating it
         (``basic.get`` + requeue) reorders the DLQ, marks every message redelivered and races concurrent drains."""
-        raise NotSupportedError(f"RabbitMQ cannot read queue {self.dead_letter_name(queue_name)!r} without removing "
-                                "messages (basic.get takes them); drain it with reserve_dead_letter + ack instead")
+        raise NotSupportedError(
+            f"RabbitMQ cannot read queue {self.dead_letter_name(queue_name)!r} without removing "
+            "messages (basic.get takes them); drain it with reserve_dead_letter + ack instead"
+        )
 
     def ping(self) -> None:
         with self._lock, self._guard("connect", "-"):
