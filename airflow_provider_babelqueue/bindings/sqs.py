@@ -21,163 +21,48 @@ import hashlib
 import json
 import logging
 import math
-import re
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from .. import envelope as bq
 from . import base
+from ._sqs import (  # noqa: F401 - the public names are re-exported
+    _ATTRIBUTE_NAME,
+    _DEDUP_ID,
+    _HINTS,
+    _MISSING,
+    _NAME,
+    _NOT_SQS_TEXT,
+    BODY_ENCODING_ATTRIBUTE,
+    MAX_DELAY_SECONDS,
+    MAX_VISIBILITY_TIMEOUT,
+    SERVICE_MAX_MESSAGE_BYTES,
+    SqsConfig,
+    _code,
+    _Receipt,
+    _receive_count,
+    _size,
+    _whole_seconds,
+    dead_letter_queue_name,
+    message_attributes,
+    reconcile_attempts,
+)
 from .base import Binding, BindingError, PublishBatchError, ReceivedMessage, parse_body
 
-__all__ = ["BODY_ENCODING_ATTRIBUTE", "SqsBinding", "SqsConfig", "dead_letter_queue_name", "message_attributes",
-           "reconcile_attempts"]
+__all__ = [
+    "BODY_ENCODING_ATTRIBUTE",
+    "SqsBinding",
+    "SqsConfig",
+    "dead_letter_queue_name",
+    "message_attributes",
+    "reconcile_attempts",
+]
 
 logger = logging.getLogger(__name__)
-
-MAX_DELAY_SECONDS, MAX_VISIBILITY_TIMEOUT = 900, 43200
-#: The service's largest message since 2025; a queue's ``MaximumMessageSize`` still defaults to 256 KiB.
-SERVICE_MAX_MESSAGE_BYTES = 1_048_576
-#: Our extension: a body SQS cannot carry as text is sent as base64, with this attribute = ``base64``.
-BODY_ENCODING_ATTRIBUTE = "bq-body-encoding"
-_NAME = re.compile(r"[A-Za-z0-9_-]+")
-_NOT_SQS_TEXT = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-_ATTRIBUTE_NAME = re.compile(r"(?!\.)(?!.*\.\.)(?!.*\.$)(?!(?i:aws\.|amazon\.))[A-Za-z0-9_.-]{1,256}")
-_DEDUP_ID = re.compile(r"[!-~]{1,128}")
-_MISSING = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
-_HINTS = {  # AWS error code or botocore error class -> what to check
-    **dict.fromkeys(_MISSING, "the queue does not exist; create it, or enable create_queues"),
-    **dict.fromkeys(("InvalidClientTokenId", "SignatureDoesNotMatch", "UnrecognizedClientException", "ExpiredToken"),
-                    "the credentials were refused; check access key, secret, session token and region"),
-    **dict.fromkeys(("AccessDenied", "AccessDeniedException", "KMS.AccessDeniedException"),
-                    "access denied; grant the identity sqs rights on the queue (and kms ones if it is encrypted)"),
-    "NoCredentialsError": "no AWS credentials; set login and password, or configure the default chain",
-    "NoRegionError": "no region; set region_name",
-    **dict.fromkeys(("ConnectionError", "HTTPClientError"),  # botocore's: refused, timed out, TLS, proxy
-                    "cannot reach the endpoint; check endpoint_url / region and this worker's network"),
-}
-
-
-def dead_letter_queue_name(queue_name: str, suffix: str = "-failed") -> str:
-    """The fallback DLQ of a queue without a ``RedrivePolicy``: ``<queue><suffix>``, before ``.fifo``
-    (a FIFO queue's DLQ must be FIFO too, and ``.`` is legal in SQS names only in that suffix)."""
-    return f"{queue_name[:-5]}{suffix}.fifo" if queue_name.endswith(".fifo") else f"{queue_name}{suffix}"
-
-
-def message_attributes(envelope: Mapping[str, Any]) -> dict[str, dict[str, str]]:
-    """The six ``bq-*`` MessageAttributes of an envelope (conformance ``sqs.attribute_projection``): ids and
-    strings are ``String``, schema version and creation time ``Number``. A field that is missing, or in a
-    form SQS would refuse (empty, not an integer), is left out rather than sent broken."""
-    meta = envelope.get("meta") if isinstance(envelope.get("meta"), Mapping) else {}
-    out: dict[str, dict[str, str]] = {}
-    for name, value, kind in (
-        ("bq-job", bq.urn_of(envelope), "String"), ("bq-trace-id", envelope.get("trace_id"), "String"),
-        ("bq-message-id", meta.get("id"), "String"), ("bq-schema-version", meta.get("schema_version"), "Number"),
-        ("bq-source-lang", meta.get("lang"), "String"), ("bq-created-at", meta.get("created_at"), "Number"),
-    ):
-        if kind == "Number" and value.__class__ is int:
-            out[name] = {"DataType": kind, "StringValue": str(value)}
-        elif kind == "String" and isinstance(value, str) and value and not _NOT_SQS_TEXT.search(value):
-            out[name] = {"DataType": kind, "StringValue": value}
-    return out
-
-
-def _receive_count(value: Any) -> int | None:
-    """``ApproximateReceiveCount`` (a decimal string) as an int; ``None`` when absent or garbage."""
-    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
-        return int(value)
-    return value if value.__class__ is int else None
-
-
-def reconcile_attempts(body_attempts: int, approximate_receive_count: Any) -> int:
-    """``max(body_attempts, ApproximateReceiveCount - 1)`` (conformance ``sqs.attempts_reconciliation``): a
-    first delivery reads 0, a count raised by a consumer is never lowered, an absent/garbage count is ignored."""
-    count = _receive_count(approximate_receive_count)
-    return body_attempts if count is None else max(body_attempts, count - 1)
-
-
-@dataclass(frozen=True, slots=True)
-class SqsConfig:
-    """Where SQS is, who we are, and how queues behave.
-
-    :param region_name: ``None`` = the default chain (``AWS_DEFAULT_REGION``, profile).
-    :param endpoint_url: another endpoint (VPC endpoint, LocalStack, moto); ``None`` for AWS's own.
-    :param aws_access_key_id: with ``aws_secret_access_key`` (kept out of ``repr`` and errors, like
-        ``aws_session_token``); neither = the default credential chain, the better choice in production.
-    :param role_arn: assume this role through STS (``AWS_ENDPOINT_URL_STS`` points elsewhere); botocore
-        refreshes the credentials before they expire, so long-lived workers keep working.
-    :param fifo_group_id: ``MessageGroupId`` on FIFO queues; ``None`` = the queue name (one ordered group).
-    :param content_based_dedup: send no ``MessageDeduplicationId`` (the FIFO queue hashes the body; queues we
-        create get the attribute). Sending meta.id works on either kind of queue.
-    :param dead_letter_suffix: fallback DLQ = ``<queue><suffix>`` for queues without a ``RedrivePolicy``.
-    :param wait_time_seconds: longest single long poll (1-20); ``reserve`` loops for longer timeouts.
-    :param visibility_timeout: whole seconds a received message stays hidden (sent with every receive, set
-        on queues we create); ``None`` keeps the queue's own (30 s unless changed).
-    :param max_message_bytes: checked before sending (body + attributes, as SQS counts); also the
-        ``MaximumMessageSize`` of queues we create and the byte budget of one native batch.
-    :param include_in_flight_in_depth: ``depth`` also counts in-flight and delayed messages.
-    :param create_queues: create missing queues on first use (off: a missing queue is an error naming it).
-    """
-
-    region_name: str | None = None
-    endpoint_url: str | None = None
-    aws_access_key_id: str | None = None
-    aws_secret_access_key: str | None = field(default=None, repr=False)
-    aws_session_token: str | None = field(default=None, repr=False)
-    role_arn: str | None = None
-    fifo_group_id: str | None = None
-    content_based_dedup: bool = False
-    dead_letter_suffix: str = "-failed"
-    wait_time_seconds: int = 20
-    visibility_timeout: float | None = None
-    max_message_bytes: int = SERVICE_MAX_MESSAGE_BYTES
-    include_in_flight_in_depth: bool = False
-    create_queues: bool = True
-
-    def __post_init__(self) -> None:
-        for bad, problem in (
-            (bool(self.aws_access_key_id) != bool(self.aws_secret_access_key),
-             "aws_access_key_id and aws_secret_access_key go together (neither = the default chain)"),
-            (not _NAME.fullmatch(self.dead_letter_suffix or ""), "dead_letter_suffix must be letters, digits, - or _"),
-            (not 1 <= self.wait_time_seconds <= 20, "wait_time_seconds must be 1-20 (SQS's long-poll cap)"),
-            (not 0 <= (self.visibility_timeout or 0) <= MAX_VISIBILITY_TIMEOUT, "visibility_timeout must be 0-43200"),
-            (not 1024 <= self.max_message_bytes <= SERVICE_MAX_MESSAGE_BYTES, "max_message_bytes must be 1024-1048576"),
-            (not _DEDUP_ID.fullmatch(self.fifo_group_id or "-"), "fifo_group_id must be 1-128 printable ASCII"),
-        ):
-            if bad:
-                raise ValueError(problem)
-
-
-class _Receipt(NamedTuple):
-    """Where and what to settle; the field names are the API's, so ``**receipt._asdict()`` are the arguments."""
-
-    QueueUrl: str  # noqa: N815
-    ReceiptHandle: str  # noqa: N815
-
-
-def _whole_seconds(delay: float, cap: int, what: str) -> int:
-    """A delay in whole seconds, rounded up (never early), capped with a warning rather than refused."""
-    seconds = (math.ceil(round(delay, 3)) if math.isfinite(delay) else cap + 1) if delay > 0 else 0
-    if seconds > cap:
-        logger.warning("SQS %s of %s s is over the service maximum; capped to %d s", what, delay, cap)
-    return min(seconds, cap)
-
-
-def _size(entry: Mapping[str, Any]) -> int:
-    """Bytes as SQS counts them: the body plus each attribute's name, type and value."""
-    attributes = entry.get("MessageAttributes", {}).items()
-    return len(entry["MessageBody"].encode()) + sum(len(f"{k}{a['DataType']}{a['StringValue']}".encode())
-                                                     for k, a in attributes)
-
-
-def _code(exc: BaseException | None) -> str:
-    """The AWS error code of a botocore error (``""`` for a transport error)."""
-    error = (getattr(exc, "response", None) or {}).get("Error", {})
-    return error["Code"] if error.get("Code") in _MISSING else error.get("QueryErrorCode", error.get("Code", ""))
 
 
 class SqsBinding(Binding):
@@ -191,7 +76,7 @@ class SqsBinding(Binding):
 
     def __init__(self, config: SqsConfig, client: Any = None) -> None:
         """:param client: a ready boto3 SQS client (the test seam, or to share one); otherwise one is built
-            on first use. :meth:`close` leaves an injected client open."""
+        on first use. :meth:`close` leaves an injected client open."""
         self.config = config
         self._boto3, self._errors = base.require_extra("boto3", "sqs"), base.require_extra("botocore.exceptions", "sqs")
         self._client, self._owns_client = client, client is None
@@ -210,16 +95,23 @@ class SqsBinding(Binding):
     def _make_client(self) -> Any:
         cfg, botocore = self.config, base.require_extra("botocore.credentials", "sqs")
         session = self._boto3.session.Session(
-            aws_access_key_id=cfg.aws_access_key_id, aws_secret_access_key=cfg.aws_secret_access_key,
-            aws_session_token=cfg.aws_session_token, region_name=cfg.region_name)
+            aws_access_key_id=cfg.aws_access_key_id,
+            aws_secret_access_key=cfg.aws_secret_access_key,
+            aws_session_token=cfg.aws_session_token,
+            region_name=cfg.region_name,
+        )
         if cfg.role_arn:  # credentials from STS AssumeRole, refreshed by botocore before they expire
             sts = session.client("sts")
 
             def fetch() -> dict[str, Any]:
                 name = f"babelqueue-{uuid.uuid4().hex[:16]}"
                 c = sts.assume_role(RoleArn=cfg.role_arn, RoleSessionName=name)["Credentials"]
-                return {"access_key": c["AccessKeyId"], "secret_key": c["SecretAccessKey"],
-                        "token": c["SessionToken"], "expiry_time": c["Expiration"].isoformat()}
+                return {
+                    "access_key": c["AccessKeyId"],
+                    "secret_key": c["SecretAccessKey"],
+                    "token": c["SessionToken"],
+                    "expiry_time": c["Expiration"].isoformat(),
+                }
 
             class AssumeRole(botocore.CredentialProvider):
                 METHOD = CANONICAL_NAME = "babelqueue-assume-role"
@@ -246,8 +138,9 @@ class SqsBinding(Binding):
             names = [_code(exc)] + [kind.__name__ for kind in type(exc).__mro__]
             hint = next((_HINTS[n] for n in names if n in _HINTS), "SQS refused the request")
             where = self.config.endpoint_url or f"region {self.config.region_name or '(from the AWS config)'}"
-            raise BindingError(f"SQS {where}: {action} {target!r} failed: {hint} ({type(exc).__name__}: {text})"
-                               ) from exc
+            raise BindingError(
+                f"SQS {where}: {action} {target!r} failed: {hint} ({type(exc).__name__}: {text})"
+            ) from exc
 
     def _call(self, action: str, target: str, method: str, **params: Any) -> Any:
         with self._guard(action, target):
@@ -260,8 +153,10 @@ class SqsBinding(Binding):
         if (url := self._urls.get(name)) is not None:
             return url
         if not (len(name) <= 80 and _NAME.fullmatch(name.removesuffix(".fifo"))):
-            raise BindingError(f"{name!r} is not a valid SQS queue name: 1-80 letters, digits, '-' or '_', with an "
-                               "optional '.fifo' suffix ('.' is illegal anywhere else)")
+            raise BindingError(
+                f"{name!r} is not a valid SQS queue name: 1-80 letters, digits, '-' or '_', with an "
+                "optional '.fifo' suffix ('.' is illegal anywhere else)"
+            )
         cfg = self.config
         attributes = {"MaximumMessageSize": str(cfg.max_message_bytes)}
         if dead:
@@ -281,8 +176,11 @@ class SqsBinding(Binding):
         return url
 
     def _attribute(self, url: str, name: str, target: str) -> str | None:
-        return self._call(f"read {name} of queue", target, "get_queue_attributes", QueueUrl=url,
-                          AttributeNames=[name]).get("Attributes", {}).get(name)
+        return (
+            self._call(f"read {name} of queue", target, "get_queue_attributes", QueueUrl=url, AttributeNames=[name])
+            .get("Attributes", {})
+            .get(name)
+        )
 
     def _dead_letter_queue(self, queue_name: str) -> tuple[str, str]:
         """``(name, url)`` of the DLQ: the ``RedrivePolicy`` target, else the fallback. Resolved once."""
@@ -292,8 +190,16 @@ class SqsBinding(Binding):
                     _, _, _, _, account, name = json.loads(policy)["deadLetterTargetArn"].split(":")
                 except (ValueError, KeyError, TypeError) as exc:
                     raise BindingError(f"SQS queue {queue_name!r} has an unreadable RedrivePolicy {policy!r}") from exc
-                cached = (name, self._call("resolve the RedrivePolicy target", name, "get_queue_url", QueueName=name,
-                                           QueueOwnerAWSAccountId=account)["QueueUrl"])
+                cached = (
+                    name,
+                    self._call(
+                        "resolve the RedrivePolicy target",
+                        name,
+                        "get_queue_url",
+                        QueueName=name,
+                        QueueOwnerAWSAccountId=account,
+                    )["QueueUrl"],
+                )
             else:
                 name = dead_letter_queue_name(queue_name, self.config.dead_letter_suffix)
                 cached = (name, self._url(name, dead=True))
@@ -304,8 +210,17 @@ class SqsBinding(Binding):
         """The DLQ's name: the ``RedrivePolicy`` target if any (this asks SQS once), else the fallback."""
         return self._dead_letter_queue(queue_name)[0]
 
-    def _entry(self, body: bytes, queue_name: str, url: str, *, headers: Mapping[str, Any] | None = None,
-               delay: float = 0, fresh_dedup: bool = False, limit: int | None = None) -> dict[str, Any]:
+    def _entry(
+        self,
+        body: bytes,
+        queue_name: str,
+        url: str,
+        *,
+        headers: Mapping[str, Any] | None = None,
+        delay: float = 0,
+        fresh_dedup: bool = False,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
         """SendMessage parameters for one body, refused before sending when SQS would refuse them."""
         if not body:
             raise BindingError(f"SQS cannot carry an empty body (queue {queue_name!r})")
@@ -327,24 +242,31 @@ class SqsBinding(Binding):
             raise BindingError(f"SQS allows 10 message attributes, this message has {len(attributes)} (bq-* take 6)")
         entry: dict[str, Any] = {"MessageBody": text} | ({"MessageAttributes": attributes} if attributes else {})
         if (size := _size(entry)) > (limit := limit or self.config.max_message_bytes):
-            raise BindingError(f"message for queue {queue_name!r} is {size} bytes (body + attributes), over the "
-                               f"limit max_message_bytes={limit}; nothing was sent")
+            raise BindingError(
+                f"message for queue {queue_name!r} is {size} bytes (body + attributes), over the "
+                f"limit max_message_bytes={limit}; nothing was sent"
+            )
         if queue_name.endswith(".fifo"):
             entry["MessageGroupId"] = self.config.fifo_group_id or queue_name
             meta_id = bq.meta_id_of(envelope) if envelope is not None else ""
             if fresh_dedup:  # a retry or a move is a new send; the original's id would be deduplicated away
                 entry["MessageDeduplicationId"] = uuid.uuid4().hex
             elif not self.config.content_based_dedup:
-                entry["MessageDeduplicationId"] = meta_id if _DEDUP_ID.fullmatch(meta_id) else hashlib.sha256(
-                    body).hexdigest()
+                entry["MessageDeduplicationId"] = (
+                    meta_id if _DEDUP_ID.fullmatch(meta_id) else hashlib.sha256(body).hexdigest()
+                )
         elif delay > 0:
             entry["DelaySeconds"] = _whole_seconds(delay, MAX_DELAY_SECONDS, "DelaySeconds")
         return entry
 
     def _receive(self, queue_name: str, url: str, timeout: float, dead: bool) -> ReceivedMessage | None:
         """One message, long polling (whole seconds, ``wait_time_seconds`` at most per call) until ``timeout``."""
-        params: dict[str, Any] = {"QueueUrl": url, "MaxNumberOfMessages": 1, "MessageAttributeNames": ["All"],
-                                  "AttributeNames": ["ApproximateReceiveCount"]}
+        params: dict[str, Any] = {
+            "QueueUrl": url,
+            "MaxNumberOfMessages": 1,
+            "MessageAttributeNames": ["All"],
+            "AttributeNames": ["ApproximateReceiveCount"],
+        }
         if self.config.visibility_timeout is not None:
             params["VisibilityTimeout"] = math.ceil(self.config.visibility_timeout)
         deadline = time.monotonic() + max(timeout, 0)
@@ -364,10 +286,20 @@ class SqsBinding(Binding):
         envelope, error, body_attempts = parse_body(body)
         count = (messages[0].get("Attributes") or {}).get("ApproximateReceiveCount")
         return ReceivedMessage(
-            body=body, queue_name=queue_name, envelope=envelope, decode_error=error,
-            attempts=reconcile_attempts(body_attempts, count), delivery_count=_receive_count(count),
-            headers={k: a["StringValue"] for k, a in attributes.items() if k != BODY_ENCODING_ATTRIBUTE and
-                     "StringValue" in a}, receipt=_Receipt(url, messages[0]["ReceiptHandle"]), from_dead_letter=dead)
+            body=body,
+            queue_name=queue_name,
+            envelope=envelope,
+            decode_error=error,
+            attempts=reconcile_attempts(body_attempts, count),
+            delivery_count=_receive_count(count),
+            headers={
+                k: a["StringValue"]
+                for k, a in attributes.items()
+                if k != BODY_ENCODING_ATTRIBUTE and "StringValue" in a
+            },
+            receipt=_Receipt(url, messages[0]["ReceiptHandle"]),
+            from_dead_letter=dead,
+        )
 
     def publish(
         self, body: bytes, queue_name: str, *, headers: Mapping[str, Any] | None = None, delay: float = 0
@@ -401,8 +333,10 @@ class SqsBinding(Binding):
                 reply = self._call("publish a batch to", queue_name, "send_message_batch", QueueUrl=url, Entries=chunk)
             except BindingError as exc:
                 rest = [int(e["Id"]) for c in chunks[number:] for e in c]
-                raise PublishBatchError(f"{exc}; {len(bodies) - len(failed) - len(rest)} of {len(bodies)} bodies "
-                                        "were delivered", failed + rest) from exc
+                raise PublishBatchError(
+                    f"{exc}; {len(bodies) - len(failed) - len(rest)} of {len(bodies)} bodies were delivered",
+                    failed + rest,
+                ) from exc
             failed += sorted(int(f["Id"]) for f in reply.get("Failed") or [])
         if failed:
             raise PublishBatchError(f"SQS refused {len(failed)} of {len(bodies)} bodies for {queue_name!r}", failed)
@@ -431,11 +365,22 @@ class SqsBinding(Binding):
         receipt = _receipt(message)
         if message.from_dead_letter or (delay > 0 and message.queue_name.endswith(".fifo")):
             seconds = _whole_seconds(delay, MAX_VISIBILITY_TIMEOUT, "visibility timeout")
-            self._call("change the visibility of a message in", receipt.QueueUrl, "change_message_visibility",
-                       **receipt._asdict(), VisibilityTimeout=seconds)
+            self._call(
+                "change the visibility of a message in",
+                receipt.QueueUrl,
+                "change_message_visibility",
+                **receipt._asdict(),
+                VisibilityTimeout=seconds,
+            )
             return
-        entry = self._entry(base.bumped_body(message), message.queue_name, receipt.QueueUrl,
-                            headers=_forwarded(message.headers), delay=delay, fresh_dedup=True)
+        entry = self._entry(
+            base.bumped_body(message),
+            message.queue_name,
+            receipt.QueueUrl,
+            headers=_forwarded(message.headers),
+            delay=delay,
+            fresh_dedup=True,
+        )
         self._call("release a message to", message.queue_name, "send_message", QueueUrl=receipt.QueueUrl, **entry)
         self.ack(message)
 
@@ -446,15 +391,18 @@ class SqsBinding(Binding):
         _receipt(message)
         name, url = self._dead_letter_queue(message.queue_name)
         body = base.dead_letter_body(message, reason, error=error, exception=exception)
-        entry = self._entry(body, name, url, headers=_forwarded(message.headers), fresh_dedup=True,
-                            limit=SERVICE_MAX_MESSAGE_BYTES)
+        entry = self._entry(
+            body, name, url, headers=_forwarded(message.headers), fresh_dedup=True, limit=SERVICE_MAX_MESSAGE_BYTES
+        )
         self._call("dead-letter a message to", name, "send_message", QueueUrl=url, **entry)
         self.ack(message)
 
     def _count(self, url: str, target: str) -> int:
         names = ["ApproximateNumberOfMessages"] + (
             ["ApproximateNumberOfMessagesNotVisible", "ApproximateNumberOfMessagesDelayed"]
-            if self.config.include_in_flight_in_depth else [])
+            if self.config.include_in_flight_in_depth
+            else []
+        )
         reply = self._call("count the messages of", target, "get_queue_attributes", QueueUrl=url, AttributeNames=names)
         return sum(int(reply.get("Attributes", {}).get(n, 0)) for n in names)
 
@@ -469,8 +417,9 @@ class SqsBinding(Binding):
 
     def ping(self) -> None:
         """ListQueues once: proves the endpoint, the credentials and the sqs:ListQueues right."""
-        self._call("list queues at", self.config.endpoint_url or self.config.region_name or "sqs", "list_queues",
-                   MaxResults=1)
+        self._call(
+            "list queues at", self.config.endpoint_url or self.config.region_name or "sqs", "list_queues", MaxResults=1
+        )
 
     def close(self) -> None:
         if self._owns_client and self._client is not None:
