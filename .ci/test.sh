@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 
 bash .ci/bootstrap.sh
 bash .ci/services.sh
+bash .ci/system.sh   # Debian packages the tests drive (Chromium for the Spark report check)
 
 export PATH="$PWD/.venv/bin:$PATH"
 AIRFLOW_HOME=$(mktemp -d "${TMPDIR:-/tmp}/babelqueue-airflow.XXXXXX")

@@ -17,6 +17,7 @@ PAGES = {
     "airflow_provider_babelqueue.operators.drain.BabelQueueDrainDeadLettersOperator": "docs/operators/drain.md",
     "airflow_provider_babelqueue.operators.replay.BabelQueueReplayOperator": "docs/operators/replay.md",
     "airflow_provider_babelqueue.sensors.queue.BabelQueueQueueDepthSensor": "docs/sensors.md",
+    "airflow_provider_babelqueue.operators.spark.BabelQueueSparkTriageOperator": "docs/operators/spark.md",
     "airflow_provider_babelqueue.sensors.queue.BabelQueueDeadLetterSensor": "docs/sensors.md",
 }
 

@@ -1,0 +1,184 @@
+"""BabelQueueSparkTriageOperator: submit the packaged PySpark dead-letter jobs through SparkSubmitOperator.
+
+A thin layer over the Spark provider's ``SparkSubmitOperator`` (``apache-airflow-providers-apache-spark``):
+it resolves the job file shipped in ``airflow_provider_babelqueue/spark/``, builds its arguments from the
+templated ``input``/``output``/policy parameters, and returns the output locations as XCom. Submission,
+connection handling, deploy modes and log streaming are the Spark provider's.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+from ..spark import JOBS, job_path
+
+__all__ = ["BabelQueueSparkTriageOperator", "package_zip"]
+
+_POLICY = ("reasons", "urns", "exception_types", "original_queues", "max_attempts", "min_age_seconds",
+           "max_age_seconds", "now_ms")
+_LISTS = ("reasons", "urns", "exception_types", "original_queues")
+
+
+def package_zip(folder: str | os.PathLike[str] | None = None) -> str:
+    """Zip the installed ``airflow_provider_babelqueue`` package (for ``--py-files``) and return the zip's path.
+
+    Executors on a cluster need the package to import the jobs' helpers and the envelope functions (they also
+    need ``orjson`` installed: it is a compiled wheel and cannot travel in a zip).
+    """
+    package = Path(__file__).resolve().parents[1]
+    target = Path(folder or tempfile.mkdtemp(prefix="babelqueue-pyfiles-")) / "airflow_provider_babelqueue.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(package.rglob("*.py")):
+            if "__pycache__" not in path.parts:
+                archive.write(path, Path(package.name) / path.relative_to(package))
+    return str(target)
+
+
+def _as_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return [str(part) for part in value]
+
+
+class BabelQueueSparkTriageOperator(SparkSubmitOperator):
+    """Run one of the BabelQueue PySpark jobs with ``spark-submit``: ``triage``, ``report`` or ``replay_set``.
+
+    * ``triage``: drain records (JSON Lines) → deduplicated Parquet partitioned by ``reason``;
+    * ``report``: triage Parquet → ``summary.json`` + self-contained ``report.html``;
+    * ``replay_set``: triage Parquet + a policy → reset envelopes, one folder per target queue, for
+      ``BabelQueueReplayOperator(replay_set=...)``.
+
+    Returns ``{"job", "input", "output", ...}`` (XCom): ``summary`` and ``report`` for ``report``, ``summary``
+    for ``replay_set`` and ``triage``. Every other keyword argument is ``SparkSubmitOperator``'s (``conf``,
+    ``executor_memory``, ``deploy_mode``, ``py_files``, ...).
+
+    :param job: ``"triage"``, ``"report"`` or ``"replay_set"``.
+    :param input: input path(s): a path, a folder, a glob or any Hadoop-FS URL, or a list of them (templated;
+        kept as ``input_path`` on the operator).
+    :param output: the output folder, local or any Hadoop-FS URL (templated; kept as ``output_path``, since
+        ``output`` is every operator's XComArg); it is overwritten.
+    :param conn_id: the Spark connection (``spark_default``; for local mode ``{"conn_type": "spark", "host":
+        "local[*]"}``).
+    :param source_broker: triage only: record this broker name instead of each record's ``broker`` (templated).
+    :param report_output: triage only: also write the report (``summary.json``, ``report.html``) into this
+        folder from the same Spark application, saving the report job's start-up (templated).
+    :param reasons: replay_set only: ``dead_letter.reason`` values to include (templated; list or comma text).
+    :param urns: replay_set only: URNs to include (templated).
+    :param exception_types: replay_set only: exception types, full name or last segment (templated).
+    :param original_queues: replay_set only: original queues to include (templated).
+    :param max_attempts: replay_set only: include dead letters with at most this many attempts (templated).
+    :param min_age_seconds: replay_set only: include dead letters that failed at least this long ago (templated).
+    :param max_age_seconds: replay_set only: include dead letters that failed at most this long ago (templated).
+    :param now_ms: replay_set only: "now" for the age filters, Unix ms (templated); default the job's start.
+    :param ship_package: zip the installed provider package and add it to ``py_files`` so cluster executors
+        can import it (not needed in local mode, where the driver and executors share this Python).
+    :param name: the Spark application name; default ``babelqueue-<job>``.
+    :param env_vars: environment for spark-submit; ``PYSPARK_PYTHON`` defaults to this interpreter
+        (``sys.executable``) unless given (on a cluster, give the executors' Python).
+    """
+
+    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "input_path", "output_path",
+                                      "source_broker", "report_output",
+                                      *_POLICY)
+    ui_color = "#fbe9d0"
+
+    def __init__(
+        self,
+        *,
+        job: str,
+        input: str | Sequence[str],  # noqa: A002 - the documented parameter name
+        output: str,
+        conn_id: str = "spark_default",
+        source_broker: str | None = None,
+        report_output: str | None = None,
+        reasons: Sequence[str] | str | None = None,
+        urns: Sequence[str] | str | None = None,
+        exception_types: Sequence[str] | str | None = None,
+        original_queues: Sequence[str] | str | None = None,
+        max_attempts: int | None = None,
+        min_age_seconds: float | None = None,
+        max_age_seconds: float | None = None,
+        now_ms: int | None = None,
+        ship_package: bool = False,
+        name: str | None = None,
+        env_vars: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if job not in JOBS:
+            raise ValueError(f"job must be one of {', '.join(sorted(JOBS))}, got {job!r}")
+        policy = {"reasons": reasons, "urns": urns, "exception_types": exception_types,
+                  "original_queues": original_queues, "max_attempts": max_attempts,
+                  "min_age_seconds": min_age_seconds, "max_age_seconds": max_age_seconds, "now_ms": now_ms}
+        given = sorted(key for key, value in policy.items() if value is not None)
+        if given and job != "replay_set":
+            raise ValueError(f"{', '.join(given)} only apply to job='replay_set', not {job!r}")
+        if (source_broker is not None or report_output is not None) and job != "triage":
+            raise ValueError(f"source_broker and report_output only apply to job='triage', not {job!r}")
+        if kwargs.get("application"):
+            raise ValueError("application is set from job; do not pass it")
+        env = dict(env_vars or {})
+        env.setdefault("PYSPARK_PYTHON", sys.executable)
+        super().__init__(application=job_path(job), conn_id=conn_id, name=name or f"babelqueue-{job}",
+                         env_vars=env, **kwargs)
+        self.job = job
+        # ``output`` is BaseOperator's XComArg property, so the values live under other names.
+        self.input_path = input
+        self.output_path = output
+        self.source_broker = source_broker
+        self.report_output = report_output
+        self.ship_package = ship_package
+        for key, value in policy.items():
+            setattr(self, key, value)
+
+    def job_args(self) -> list[str]:
+        """The job's command-line arguments, from the (rendered) parameters."""
+        paths = self.input_path
+        inputs = [paths] if isinstance(paths, str) else [str(path) for path in paths or ()]
+        if not inputs or not all(inputs) or not self.output_path:
+            raise ValueError("input and output must not be empty")
+        args = ["--input", *inputs, "--output", str(self.output_path)]
+        if self.source_broker:
+            args += ["--source-broker", str(self.source_broker)]
+        if self.report_output:
+            args += ["--report-output", str(self.report_output)]
+        for key in _POLICY:
+            value = getattr(self, key)
+            if value is None or value == "":
+                continue
+            flag = "--" + key.replace("_", "-")
+            if key in _LISTS:
+                names = _as_list(value)
+                if names:
+                    args += [flag, ",".join(names)]
+            else:
+                args += [flag, str(value)]
+        return args
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        self.application_args = self.job_args()
+        if self.ship_package:
+            zipped = package_zip()
+            self.py_files = f"{self.py_files},{zipped}" if self.py_files else zipped
+        super().execute(context)
+        output = str(self.output_path).rstrip("/")
+        result: dict[str, Any] = {"job": self.job, "input": self.input_path, "output": str(self.output_path)}
+        if self.job == "report":
+            result |= {"summary": f"{output}/summary.json", "report": f"{output}/report.html"}
+        elif self.job == "replay_set":
+            result["summary"] = f"{output}/_replay_summary.json"
+        else:
+            result["summary"] = f"{output}/_triage_summary.json"
+            if self.report_output:
+                report = str(self.report_output).rstrip("/")
+                result |= {"report_summary": f"{report}/summary.json", "report": f"{report}/report.html"}
+        return result

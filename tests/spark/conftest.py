@@ -1,0 +1,78 @@
+"""One real ``spark-submit`` run of triage → report → replay_set on the known dead letters, shared by the tests.
+
+spark-submit starts a JVM (~15-25 s each on this machine), so the three jobs run once per session and every
+test reads their outputs. Tests that need the run are skipped when ``spark-submit`` or Java is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_babelqueue.spark import job_path
+from tests.spark.dead_letters import write_drain_files
+
+VENV_BIN = str(Path(sys.executable).parent)
+SPARK_CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4", "spark.driver.memory": "1g"}
+
+
+def spark_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = VENV_BIN + os.pathsep + env.get("PATH", "")
+    env["PYSPARK_PYTHON"] = sys.executable
+    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    return env
+
+
+def spark_submit_path() -> str | None:
+    return shutil.which("spark-submit", path=spark_env()["PATH"])
+
+
+def submit(job: str, *args: str) -> dict[str, Any]:
+    """Run one job with the real spark-submit in local[2]; returns its JSON summary line."""
+    command = [spark_submit_path() or "spark-submit", "--master", "local[2]"]
+    for key, value in SPARK_CONF.items():
+        command += ["--conf", f"{key}={value}"]
+    done = subprocess.run([*command, job_path(job), *args], env=spark_env(), capture_output=True, text=True,
+                          timeout=300, check=False)
+    if done.returncode != 0:
+        pytest.fail(f"spark-submit {job} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    lines = [line for line in done.stdout.splitlines() if line.startswith('{"job":')]
+    assert len(lines) == 1, done.stdout
+    return json.loads(lines[0])
+
+
+@dataclass(frozen=True)
+class SparkRun:
+    drain_dir: Path
+    triage_dir: Path
+    report_dir: Path
+    combined_report_dir: Path
+    replay_dir: Path
+    triage: dict[str, Any]
+    report: dict[str, Any]
+    replay: dict[str, Any]
+
+
+@pytest.fixture(scope="session")
+def spark_run(tmp_path_factory: pytest.TempPathFactory) -> SparkRun:
+    if spark_submit_path() is None or shutil.which("java") is None:
+        pytest.skip("spark-submit (pyspark) or java is not installed")
+    root = tmp_path_factory.mktemp("spark-run")
+    drain_dir, triage_dir = root / "drained", root / "triage"
+    report_dir, replay_dir, combined = root / "report", root / "replay", root / "report-combined"
+    write_drain_files(drain_dir)
+    # a folder and a glob: both forms of --input
+    triage = submit("triage", "--input", str(drain_dir / "dlq-run1-*.jsonl"), str(drain_dir / "dlq-run2-*.jsonl"),
+                    "--output", str(triage_dir), "--report-output", str(combined))
+    report = submit("report", "--input", str(triage_dir), "--output", str(report_dir))
+    replay = submit("replay_set", "--input", str(triage_dir), "--output", str(replay_dir))
+    return SparkRun(drain_dir, triage_dir, report_dir, combined, replay_dir, triage, report, replay)

@@ -1,0 +1,183 @@
+"""Known answers for the triage, report and replay-set jobs, run once with the real spark-submit (conftest)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.spark.conftest import SparkRun
+from tests.spark.dead_letters import (
+    CREATED,
+    DECLINED,
+    DRAINED,
+    DUPLICATES,
+    GATEWAY,
+    SMTP,
+    by_name,
+    drained_at_of,
+    expected_reset,
+    letters,
+)
+
+pytestmark = pytest.mark.timeout(600)
+
+BY_REASON = {"failed": 8, "poison": 3, "unknown_urn": 2, "unsupported_schema_version": 2}
+
+
+def meta_id(index: int) -> str:
+    return f"11111111-0000-4000-8000-{index:012d}"
+
+
+def rows_by_name(run: SparkRun) -> dict[str, dict]:
+    table = pq.read_table(run.triage_dir).to_pylist()
+    letter_ids = {meta_id(int(name[1:]) if name[0] == "F" else {"U": 8, "S": 10}[name[0]] + int(name[1:])): name
+                  for name in by_name() if name[0] != "P"}
+    out: dict[str, dict] = {}
+    for row in table:
+        if row["meta_id"] in letter_ids:
+            out[letter_ids[row["meta_id"]]] = row
+        else:
+            out.setdefault("poison", []).append(row)  # type: ignore[attr-defined]
+    return out
+
+
+def test_triage_summary_line_is_exact(spark_run: SparkRun) -> None:
+    assert spark_run.triage == {
+        "job": "triage", "output": str(spark_run.triage_dir), "records": 19, "rows": 15, "duplicates_removed": 4,
+        "poison": 3, "by_reason": BY_REASON, "report": str(spark_run.combined_report_dir / "report.html"),
+    }
+    written = json.loads((spark_run.triage_dir / "_triage_summary.json").read_text())
+    assert written == spark_run.triage
+
+
+def test_triage_partitions_by_reason_and_counts(spark_run: SparkRun) -> None:
+    folders = sorted(p.name for p in spark_run.triage_dir.iterdir() if p.is_dir())
+    assert folders == [f"reason={reason}" for reason in sorted(BY_REASON)]
+    rows = pq.read_table(spark_run.triage_dir).to_pylist()
+    assert len(rows) == 15
+    assert Counter(row["reason"] for row in rows) == BY_REASON
+    assert sum(row["copies"] for row in rows) == 19
+
+
+def test_triage_columns_are_exact(spark_run: SparkRun) -> None:
+    rows = rows_by_name(spark_run)
+    f1, f3, u1, s1 = rows["F1"], rows["F3"], rows["U1"], rows["S1"]
+    # duplicates: the earliest drained copy wins, the copy count is kept
+    assert (f1["drained_at"], f1["copies"]) == (drained_at_of("F1"), 2)
+    assert all(rows[name]["copies"] == 2 and rows[name]["drained_at"] == drained_at_of(name)
+               for name in DUPLICATES if name != "P1")
+    assert rows["F2"]["copies"] == 1
+    assert {k: f1[k] for k in ("reason", "urn", "original_queue", "queue_name", "lang", "attempts", "exception",
+                               "exception_type", "error", "created_at", "failed_at", "age_ms", "source_broker",
+                               "dead_letter_queue", "trace_id", "schema_version", "poison", "body_encoding")} == {
+        "reason": "failed", "urn": "urn:babel:orders:created", "original_queue": "orders", "queue_name": "orders",
+        "lang": "php", "attempts": 3, "exception": GATEWAY, "exception_type": "GatewayTimeout",
+        "error": "timeout after 30s for order 1042", "created_at": CREATED + 60_000,
+        "failed_at": CREATED + 90_000, "age_ms": 30_000, "source_broker": "redis",
+        "dead_letter_queue": "orders:failed", "trace_id": "00000000-0000-4000-8000-000000000001",
+        "schema_version": 1, "poison": False, "body_encoding": "utf-8",
+    }
+    assert f1["body"] == by_name()["F1"].body.decode()  # the raw body, untouched
+    assert f3["original_queue"] == "orders-priority"  # dead_letter.original_queue beats meta.queue
+    assert u1["urn"] == "urn:babel:orders:archived" and u1["reason"] == "unknown_urn"  # the urn alias
+    assert (s1["reason"], s1["schema_version"], s1["lang"]) == ("unsupported_schema_version", 2, "go")
+    assert rows["F6"]["data"] == "[]" and rows["F6"]["lang"] == "php"
+    assert {r["meta_id"] for r in rows["poison"]} == {None}
+    poison = sorted((r["original_queue"], r["body_encoding"], r["error"], r["copies"], r["drained_at"])
+                    for r in rows["poison"])
+    assert poison == [
+        ("emails", "utf-8", "body is not a JSON object", 1, drained_at_of("P3")),
+        ("orders", "utf-8", "body is not a JSON object", 2, drained_at_of("P1")),
+        ("payments", "base64", "body is not valid UTF-8", 1, drained_at_of("P2")),
+    ]
+    assert all(r["reason"] == "poison" and r["poison"] for r in rows["poison"])
+
+
+def test_fingerprints_group_similar_errors(spark_run: SparkRun) -> None:
+    rows = pq.read_table(spark_run.triage_dir).to_pylist()
+    groups = Counter((row["exception"], row["error_pattern"]) for row in rows)
+    assert groups == {
+        (GATEWAY, "timeout after <n>s for order <n>"): 3,
+        (DECLINED, "card <str> declined for customer <hex>"): 2,
+        (DECLINED, "card declined: insufficient funds"): 1,
+        (SMTP, "connection to <n>:<n> refused (id <uuid>)"): 2,
+        (None, "no handler for urn:babel:orders:archived"): 2,
+        (None, "schema_version <n> is not supported"): 2,
+        (None, "body is not a JSON object"): 2,
+        (None, "body is not valid UTF-8"): 1,
+    }
+    # one fingerprint per (exception, pattern) group, and the same one for every member
+    by_group: dict[tuple, set] = {}
+    for row in rows:
+        by_group.setdefault((row["exception"], row["error_pattern"]), set()).add(row["fingerprint"])
+    assert all(len(prints) == 1 for prints in by_group.values())
+    assert len({next(iter(p)) for p in by_group.values()}) == 8
+
+
+def test_report_summary_is_exact(spark_run: SparkRun) -> None:
+    summary = json.loads((spark_run.report_dir / "summary.json").read_text())
+    assert spark_run.report["dead_letters"] == 15 and spark_run.report["by_reason"] == BY_REASON
+    assert summary["totals"] == {
+        "dead_letters": 15, "records": 19, "duplicates_removed": 4, "poison": 3, "urns": 4, "queues": 4,
+        "fingerprints": 8, "first_failed_at": CREATED + 90_000, "last_failed_at": CREATED + 480_000 + 7_200_000,
+        "without_failed_at": 3,
+    }
+    assert summary["by_reason"] == BY_REASON
+    assert summary["by_lang"] == {"go": 2, "node": 2, "php": 6, "python": 2, "unknown": 3}
+    # created 14:01..14:12, failed after 1 s .. 2 h: hours 14:00 (10), 15:00 (1), 16:00 (1); 3 poison have none
+    assert [(h["hour"], h["count"]) for h in summary["hourly"]] == [
+        ("2025-06-05T14:00:00Z", 10), ("2025-06-05T15:00:00Z", 1), ("2025-06-05T16:00:00Z", 1)]
+    assert {b["bucket"]: b["count"] for b in summary["age_buckets"]} == {
+        "< 1 s": 2, "1–10 s": 3, "10 s–1 min": 2, "1–10 min": 3, "10 min–1 h": 0, "1 h–1 day": 2, "≥ 1 day": 0,
+        "unknown": 3}
+    top = {(f["exception_type"], f["error_pattern"]): f["count"] for f in summary["top_fingerprints"]}
+    assert top[("GatewayTimeout", "timeout after <n>s for order <n>")] == 3
+    assert [f["count"] for f in summary["top_fingerprints"]] == [3, 2, 2, 2, 2, 2, 1, 1]
+    gateway = summary["top_fingerprints"][0]
+    assert gateway["example_error"] == "timeout after 30s for order 1042" and gateway["reasons"] == ["failed"]
+    assert summary["by_reason_urn_queue"][0] == {"reason": "failed", "urn": "urn:babel:payments:capture",
+                                                 "original_queue": "payments", "count": 3}
+    assert sum(g["count"] for g in summary["by_reason_urn_queue"]) == 15
+    # triage --report-output writes the same report from the same Spark application
+    combined = json.loads((spark_run.combined_report_dir / "summary.json").read_text())
+    assert combined == summary
+    assert (spark_run.combined_report_dir / "report.html").read_text() == (
+        spark_run.report_dir / "report.html").read_text()
+
+
+def read_replay_set(folder: Path) -> dict[str, list[bytes]]:
+    out: dict[str, list[bytes]] = {}
+    for sub in sorted(folder.glob("target_queue=*")):
+        lines = b"".join(p.read_bytes() for p in sorted(sub.glob("part-*"))).splitlines()
+        out[sub.name.split("=", 1)[1]] = lines
+    return out
+
+
+EXPECTED_TARGETS = {"emails": ["F7", "F8"], "orders": ["F1", "F2", "U1", "U2"], "orders-priority": ["F3"],
+                    "payments": ["F4", "F5", "F6"]}
+
+
+def test_replay_set_holds_exact_reset_envelopes_per_target_queue(spark_run: SparkRun) -> None:
+    named = by_name()
+    expected = {queue: sorted(expected_reset(named[n].body) for n in names)
+                for queue, names in EXPECTED_TARGETS.items()}
+    assert read_replay_set(spark_run.replay_dir) == expected
+    summary = spark_run.replay
+    assert summary["lines"] == 10 and summary["targets"] == {"emails": 2, "orders": 4, "orders-priority": 1,
+                                                               "payments": 3}
+    assert summary["skipped"] == {"unsupported_schema_version": 2}  # poison rows are never even considered
+    assert json.loads((spark_run.replay_dir / "_replay_summary.json").read_text()) == summary
+    # the reset keeps identity and unknown keys and drops dead_letter
+    f4 = json.loads(expected["payments"][0])
+    assert "dead_letter" not in f4 and f4["attempts"] == 0 and f4["tenant"] == "acme"
+    assert f4["meta"]["id"] == "11111111-0000-4000-8000-000000000004"
+
+
+def test_letters_are_the_documented_set() -> None:
+    assert [letter.name for letter in letters()] == [
+        "F1", "F2", "F3", "F4", "F5", "F6", "F7", "F8", "U1", "U2", "S1", "S2", "P1", "P2", "P3"]
+    assert DRAINED - CREATED == 7_200_000

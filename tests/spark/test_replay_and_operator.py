@@ -1,0 +1,125 @@
+"""The replay set is directly consumable by BabelQueueReplayOperator, and the Spark operator runs under dag.test()."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_babelqueue.bindings.base import Binding
+from airflow_provider_babelqueue.bindings.memory import MemoryBinding
+from airflow_provider_babelqueue.operators import replay as replay_module
+from airflow_provider_babelqueue.operators.replay import BabelQueueReplayOperator
+from airflow_provider_babelqueue.operators.spark import BabelQueueSparkTriageOperator
+from tests.spark.conftest import SPARK_CONF, VENV_BIN, SparkRun
+from tests.spark.dead_letters import CREATED, by_name, expected_reset
+from tests.spark.test_jobs import EXPECTED_TARGETS, read_replay_set
+
+pytestmark = pytest.mark.timeout(600)
+
+
+class FakeHook:
+    def __init__(self, binding: Binding) -> None:
+        self.binding = binding
+
+    def get_binding(self) -> Binding:
+        return self.binding
+
+    def close(self) -> None:
+        pass
+
+
+def drain_queue(binding: MemoryBinding, queue_name: str) -> list[bytes]:
+    bodies = []
+    while (message := binding.reserve(queue_name, timeout=0)) is not None:
+        bodies.append(message.body)
+        binding.ack(message)
+    return bodies
+
+
+def test_replay_operator_replays_each_target_folder_to_its_queue(spark_run: SparkRun,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    binding = MemoryBinding()
+    monkeypatch.setattr(replay_module, "get_hook", lambda conn_id: FakeHook(binding))
+    named, replay_set = by_name(), read_replay_set(spark_run.replay_dir)
+    for queue in sorted(EXPECTED_TARGETS):
+        folder = spark_run.replay["paths"][queue]
+        result = BabelQueueReplayOperator(task_id="replay", source_conn_id="bq", replay_set=folder,
+                                          target_queue_name=queue).execute(context={})
+        assert result["replayed"] == len(EXPECTED_TARGETS[queue]) and result["skipped"] == {}
+        assert result["targets"] == {queue: len(EXPECTED_TARGETS[queue])}
+        published = drain_queue(binding, queue)
+        # the operator publishes exactly the replay set's bytes, which are the reset of the original bodies
+        assert published == replay_set[queue]
+        assert sorted(published) == sorted(expected_reset(named[n].body) for n in EXPECTED_TARGETS[queue])
+    # a re-run of the whole set publishes nothing twice (the ledger knows every meta.id)
+    again = BabelQueueReplayOperator(task_id="again", source_conn_id="bq", replay_set=str(spark_run.replay_dir),
+                                     ledger_name="replay:all").execute(context={})
+    assert again["replayed"] == 10 and again["skipped"] == {}  # fresh ledger name: every line is usable
+    rerun = BabelQueueReplayOperator(task_id="rerun", source_conn_id="bq", replay_set=str(spark_run.replay_dir),
+                                     ledger_name="replay:all").execute(context={})
+    assert rerun["replayed"] == 0 and rerun["duplicates_avoided"] == 10
+
+
+def test_operator_builds_the_job_command() -> None:
+    op = BabelQueueSparkTriageOperator(task_id="t", job="replay_set", input=["a", "b/*.parquet"], output="out",
+                                       reasons="failed, unknown_urn", exception_types=["GatewayTimeout"],
+                                       max_attempts=5, min_age_seconds=60, conn_id="spark_local")
+    assert op.application.endswith("airflow_provider_babelqueue/spark/replay_set.py") and Path(op.application).is_file()
+    assert op.job_args() == ["--input", "a", "b/*.parquet", "--output", "out", "--reasons", "failed,unknown_urn",
+                             "--exception-types", "GatewayTimeout", "--max-attempts", "5", "--min-age-seconds", "60"]
+    assert op.env_vars["PYSPARK_PYTHON"] and op.name == "babelqueue-replay_set" and op._conn_id == "spark_local"
+    assert {"input_path", "output_path", "reasons", "application_args"} <= set(op.template_fields)
+    triage = BabelQueueSparkTriageOperator(task_id="t2", job="triage", input="in", output="o", source_broker="redis",
+                                           report_output="r", env_vars={"PYSPARK_PYTHON": "python3"})
+    assert triage.job_args() == ["--input", "in", "--output", "o", "--source-broker", "redis", "--report-output", "r"]
+    assert triage.env_vars == {"PYSPARK_PYTHON": "python3"}
+    with pytest.raises(ValueError, match="only apply to job='replay_set'"):
+        BabelQueueSparkTriageOperator(task_id="t3", job="report", input="i", output="o", reasons=["failed"])
+    with pytest.raises(ValueError, match="job must be one of"):
+        BabelQueueSparkTriageOperator(task_id="t4", job="nope", input="i", output="o")
+
+
+def test_package_zip_holds_the_jobs(tmp_path: Path) -> None:
+    import zipfile
+
+    from airflow_provider_babelqueue.operators.spark import package_zip
+
+    names = zipfile.ZipFile(package_zip(tmp_path)).namelist()
+    assert {"airflow_provider_babelqueue/__init__.py", "airflow_provider_babelqueue/envelope.py",
+            "airflow_provider_babelqueue/spark/triage.py", "airflow_provider_babelqueue/spark/common.py"} <= set(names)
+
+
+def test_operator_runs_replay_set_under_dag_test(spark_run: SparkRun, monkeypatch: pytest.MonkeyPatch,
+                                                 tmp_path: Path) -> None:
+    from airflow.sdk import DAG
+
+    from tests.airflow_harness import run_dag, task_states, xcom
+
+    monkeypatch.setenv("PATH", VENV_BIN + ":" + __import__("os").environ["PATH"])
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_LOCAL", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    now = CREATED + 10 * 3_600_000
+    with DAG("babelqueue_spark_replay_set", schedule=None, start_date=datetime.datetime(2025, 1, 1),
+             catchup=False) as dag:
+        BabelQueueSparkTriageOperator(
+            task_id="replay_set", job="replay_set", conn_id="spark_local", conf=dict(SPARK_CONF),
+            input=str(spark_run.triage_dir), output=str(tmp_path / "{{ ds_nodash }}"),
+            reasons=["failed"], exception_types="GatewayTimeout,SmtpError", max_attempts=5,
+            min_age_seconds=9.5 * 3600, max_age_seconds=86_400, now_ms=now)
+    run = run_dag(dag, logical_date=datetime.datetime(2025, 6, 5, tzinfo=datetime.UTC))
+    assert task_states(run) == {"replay_set": "success"}
+    out = tmp_path / "20250605"
+    result: dict[str, Any] = xcom(run, "replay_set")
+    assert result == {"job": "replay_set", "input": str(spark_run.triage_dir), "output": str(out),
+                      "summary": f"{out}/_replay_summary.json"}
+    # failed + GatewayTimeout/SmtpError + attempts <= 5 + failed 9.5 h..1 day before now: F1, F2, F3 only
+    # (F7 failed 8.9 h before now; F8 has 10 attempts; F4-F6 are CardDeclined; U*, S* are other reasons)
+    named = by_name()
+    assert read_replay_set(out) == {"orders": sorted(expected_reset(named[n].body) for n in ("F1", "F2")),
+                                    "orders-priority": [expected_reset(named["F3"].body)]}
+    summary = json.loads((out / "_replay_summary.json").read_text())
+    assert summary["targets"] == {"orders": 2, "orders-priority": 1} and summary["skipped"] == {}
+    assert summary["policy"]["now_ms"] == now and summary["policy"]["max_attempts"] == 5
