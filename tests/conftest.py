@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,13 @@ def fixture_bytes(relative: str) -> bytes:
 
 def fixture_dict(relative: str) -> dict[str, Any]:
     return json.loads(fixture_bytes(relative))
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on right now (for test servers, or to reach a closed port)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def compact(value: Any) -> bytes:

@@ -177,3 +177,22 @@ def queue(rc: Any) -> Iterator[str]:
     keys = list(rc.scan_iter(match=f"*{name}*"))
     if keys:
         rc.delete(*keys)
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> str:
+    """The shared moto server's endpoint URL (SQS tests)."""
+    from tests.bindings.sqs_server import moto_endpoint
+
+    return moto_endpoint()
+
+
+@pytest.fixture
+def admin(endpoint: str) -> Iterator[Any]:
+    """A plain SQS client for looking at the server; every queue created during the test is deleted after it."""
+    from tests.bindings.sqs_server import delete_queues_except, queue_urls, sqs_client
+
+    client = sqs_client(endpoint)
+    before = queue_urls(client)
+    yield client
+    delete_queues_except(client, before)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
+
+from tests.conftest import free_port
 
 __all__ = ["REGION", "delete_queues_except", "free_port", "moto_endpoint", "moto_server", "queue_urls", "sqs_client"]
 
@@ -35,12 +36,6 @@ _logs: dict[int, IO[bytes]] = {}
 def _use_dummy_credentials() -> None:
     for key, value in _DUMMY.items():
         os.environ.setdefault(key, value)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _start(startup_timeout: float = 30.0) -> tuple[subprocess.Popen[bytes], str]:
@@ -114,8 +109,13 @@ def sqs_client(endpoint: str | None = None):  # type: ignore[no-untyped-def]
     import boto3
 
     _use_dummy_credentials()
-    return boto3.client("sqs", region_name=REGION, endpoint_url=endpoint or moto_endpoint(),
-                        aws_access_key_id="testing", aws_secret_access_key="testing")
+    return boto3.client(
+        "sqs",
+        region_name=REGION,
+        endpoint_url=endpoint or moto_endpoint(),
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
 
 
 def queue_urls(client) -> set[str]:  # type: ignore[no-untyped-def]

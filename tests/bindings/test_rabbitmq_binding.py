@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -30,7 +29,7 @@ from airflow_provider_babelqueue.bindings.base import (
     ReceivedMessage,
 )
 from airflow_provider_babelqueue.bindings.rabbitmq import RabbitMQBinding, RabbitMQConfig, amqp_properties
-from tests.conftest import ROOT, compact, conformance_manifest, fixture_dict
+from tests.conftest import ROOT, compact, conformance_manifest, fixture_dict, free_port
 
 HOST, PORT = "127.0.0.1", 5672
 POISON = b'\xff\xfe{"job": not json\x00'
@@ -393,14 +392,10 @@ def test_a_missing_queue_never_closes_the_channel_holding_reservations(make: Mak
 # --------------------------------------------------------------------------------------------------- errors
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_unreachable_broker_gives_a_clear_binding_error() -> None:
-    port = _closed_port()
+    port = free_port()
     binding = RabbitMQBinding(RabbitMQConfig(port=port, socket_timeout=2))  # constructing does not connect
     for call in (binding.ping, lambda: binding.publish(b"{}", "orders"), lambda: binding.depth("orders")):
         with pytest.raises(BindingError) as caught:
@@ -514,7 +509,7 @@ def test_hook_test_connection_says_what_is_wrong(monkeypatch: pytest.MonkeyPatch
     from airflow_provider_babelqueue.hooks.rabbitmq import BabelQueueRabbitMQHook
 
     if spec["port"] == "CLOSED":
-        spec = {**spec, "port": _closed_port()}
+        spec = {**spec, "port": free_port()}
     hook = BabelQueueRabbitMQHook(define(monkeypatch, "bq_rabbit_bad", {"conn_type": "babelqueue_rabbitmq", **spec}))
     ok, message = hook.test_connection()
     assert ok is False and fragment in message and "Hunter2-secret" not in message, message

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -26,7 +25,7 @@ from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.bindings.base import BindingError, PublishBatchError, ReceivedMessage
 from airflow_provider_babelqueue.bindings.redis import RedisBinding, RedisConfig
 from tests.bindings.conftest import REDIS_URL  # noqa: E402
-from tests.conftest import ROOT, compact, conformance_manifest, fixture_dict
+from tests.conftest import ROOT, compact, conformance_manifest, fixture_dict, free_port
 
 BASE = RedisConfig.from_url(REDIS_URL)
 MEMBER = re.compile(rb"^[0-9a-f]{32}:", re.ASCII)
@@ -278,14 +277,10 @@ def test_key_prefix_isolates_environments(make: Make, rc: Any, queue: str) -> No
     assert rc.llen(one.dead_letter_name(queue)) == 1 and two.dead_letter_depth(queue) == 0
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_unreachable_server_gives_a_clear_binding_error() -> None:
-    port = _closed_port()
+    port = free_port()
     binding = RedisBinding(RedisConfig(port=port, socket_timeout=2))  # constructing does not connect
     with pytest.raises(BindingError) as caught:
         binding.depth("orders")

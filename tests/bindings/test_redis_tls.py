@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -19,6 +18,7 @@ from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.bindings.base import BindingError
 from airflow_provider_babelqueue.bindings.redis import RedisBinding, RedisConfig
 from airflow_provider_babelqueue.hooks import get_hook
+from tests.conftest import free_port
 
 PASSWORD = "tls-Secret-9876"
 
@@ -27,10 +27,6 @@ def _run(*args: str, cwd: Path) -> None:
     subprocess.run(args, cwd=cwd, check=True, capture_output=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +86,7 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, 
         "ext.cnf",
         cwd=tmp,
     )
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [
             "redis-server",

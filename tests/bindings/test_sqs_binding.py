@@ -33,7 +33,12 @@ from airflow_provider_babelqueue.bindings.sqs import (
 )
 from airflow_provider_babelqueue.hooks.base import ConnectionConfigError
 from airflow_provider_babelqueue.hooks.sqs import BabelQueueSqsHook
-from tests.bindings.sqs_server import REGION, delete_queues_except, free_port, moto_endpoint, queue_urls, sqs_client
+from tests.bindings.sqs_server import (
+    REGION,
+    free_port,
+    queue_urls,
+    sqs_client,
+)
 from tests.conftest import compact, conformance_manifest, fixture_dict
 
 SQS_BLOCK = conformance_manifest()["sqs"]
@@ -43,27 +48,18 @@ SECRET = "Hunter2-secret/key"
 Factory = Callable[..., SqsBinding]
 
 
-@pytest.fixture(scope="module")
-def endpoint() -> str:
-    return moto_endpoint()
-
-
-@pytest.fixture
-def admin(endpoint: str) -> Iterator[Any]:
-    """A plain client for looking at the server; every queue created during the test is deleted after it."""
-    client = sqs_client(endpoint)
-    before = queue_urls(client)
-    yield client
-    delete_queues_except(client, before)
-
-
 @pytest.fixture
 def make(endpoint: str, admin: Any) -> Iterator[Factory]:
     made: list[SqsBinding] = []
 
     def factory(client: Any = None, **options: Any) -> SqsBinding:
-        config = SqsConfig(region_name=REGION, endpoint_url=endpoint, aws_access_key_id="testing",
-                           aws_secret_access_key="testing", **options)
+        config = SqsConfig(
+            region_name=REGION,
+            endpoint_url=endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            **options,
+        )
         made.append(SqsBinding(config, client=client))
         return made[-1]
 
@@ -104,8 +100,9 @@ def body_for(queue: str, n: int = 0, **data: Any) -> bytes:
 def raw_receive(admin: Any, queue: str) -> dict[str, Any]:
     """One message as the server holds it, with every system and message attribute."""
     url = admin.get_queue_url(QueueName=queue)["QueueUrl"]
-    reply = admin.receive_message(QueueUrl=url, AttributeNames=["All"], MessageAttributeNames=["All"],
-                                  WaitTimeSeconds=1)
+    reply = admin.receive_message(
+        QueueUrl=url, AttributeNames=["All"], MessageAttributeNames=["All"], WaitTimeSeconds=1
+    )
     [message] = reply["Messages"]
     return message
 
@@ -253,9 +250,11 @@ def test_batches_respect_the_byte_budget(make: Factory, recorder: Recorder, q: s
     batches = recorder.of("SendMessageBatch")
     assert [len(b["Entries"]) for b in batches] == [4, 4, 2]
     for batch in batches:
-        size = sum(len(e["MessageBody"].encode()) + sum(len(f"{k}{a['DataType']}{a['StringValue']}".encode())
-                                                         for k, a in e["MessageAttributes"].items())
-                   for e in batch["Entries"])
+        size = sum(
+            len(e["MessageBody"].encode())
+            + sum(len(f"{k}{a['DataType']}{a['StringValue']}".encode()) for k, a in e["MessageAttributes"].items())
+            for e in batch["Entries"]
+        )
         assert size <= 262_144
     received = []
     while (message := binding.reserve(q)) is not None:
@@ -302,8 +301,9 @@ def test_batch_failures_name_exactly_the_refused_entries(make: Factory, recorder
     assert binding.depth(q) == 11
 
 
-def test_a_failing_batch_call_reports_it_and_everything_after(make: Factory, admin: Any, recorder: Recorder,
-                                                              q: str) -> None:
+def test_a_failing_batch_call_reports_it_and_everything_after(
+    make: Factory, admin: Any, recorder: Recorder, q: str
+) -> None:
     binding = make(client=recorder.client)
     binding.publish(body_for(q), q)  # the URL is cached now
     recorder.client.meta.events.register(
@@ -370,15 +370,18 @@ def test_missing_queues_are_an_error_when_creation_is_off(make: Factory, admin: 
 # ----------------------------------------------------------------------------- bodies, headers, secrets
 
 
-@pytest.mark.parametrize("body", [POISON, "{\"job\":\"urn:x\",\"note\":\"\uffff\"}".encode()], ids=["bytes", "U+FFFF"])
+@pytest.mark.parametrize("body", [POISON, '{"job":"urn:x","note":"\uffff"}'.encode()], ids=["bytes", "U+FFFF"])
 def test_bodies_sqs_cannot_carry_as_text_survive_byte_exact(make: Factory, admin: Any, q: str, body: bytes) -> None:
     binding = make()
     binding.publish(body, q)
     stored = raw_receive(admin, q)
     assert base64.b64decode(stored["Body"]) == body
     assert stored["MessageAttributes"][BODY_ENCODING_ATTRIBUTE]["StringValue"] == "base64"
-    admin.change_message_visibility(QueueUrl=admin.get_queue_url(QueueName=q)["QueueUrl"],
-                                    ReceiptHandle=stored["ReceiptHandle"], VisibilityTimeout=0)
+    admin.change_message_visibility(
+        QueueUrl=admin.get_queue_url(QueueName=q)["QueueUrl"],
+        ReceiptHandle=stored["ReceiptHandle"],
+        VisibilityTimeout=0,
+    )
     message = binding.reserve(q, timeout=1)
     assert message.body == body and BODY_ENCODING_ATTRIBUTE not in message.headers
     binding.dead_letter(message, "poison")
@@ -402,8 +405,13 @@ def test_headers_travel_as_attributes_and_survive_a_release(make: Factory, q: st
 
 
 def test_secrets_stay_out_of_repr_and_errors() -> None:
-    config = SqsConfig(region_name=REGION, endpoint_url=f"http://127.0.0.1:{free_port()}", aws_access_key_id="AKID",
-                       aws_secret_access_key=SECRET, aws_session_token=SECRET + "-token")
+    config = SqsConfig(
+        region_name=REGION,
+        endpoint_url=f"http://127.0.0.1:{free_port()}",
+        aws_access_key_id="AKID",
+        aws_secret_access_key=SECRET,
+        aws_session_token=SECRET + "-token",
+    )
     assert SECRET not in repr(config) and "AKID" in repr(config)
     with pytest.raises(BindingError) as caught:
         SqsBinding(config).depth("orders")
@@ -430,13 +438,22 @@ def define(monkeypatch: pytest.MonkeyPatch, conn_id: str, spec: dict[str, Any]) 
     return conn_id
 
 
-def test_hook_builds_the_binding_from_allowlisted_extras(monkeypatch: pytest.MonkeyPatch, endpoint: str,
-                                                         admin: Any, q: str) -> None:
-    extra = {"region_name": REGION, "endpoint_url": endpoint, "dead_letter_suffix": "-dlq", "create_queues": "true",
-             "max_message_bytes": "524288", "visibility_timeout": "45", "aws_session_token": SECRET,
-             "queue_url_prefix": "not read"}
-    conn_id = define(monkeypatch, "bq_sqs", {"conn_type": "babelqueue_sqs", "login": "testing",
-                                             "password": SECRET, "extra": extra})
+def test_hook_builds_the_binding_from_allowlisted_extras(
+    monkeypatch: pytest.MonkeyPatch, endpoint: str, admin: Any, q: str
+) -> None:
+    extra = {
+        "region_name": REGION,
+        "endpoint_url": endpoint,
+        "dead_letter_suffix": "-dlq",
+        "create_queues": "true",
+        "max_message_bytes": "524288",
+        "visibility_timeout": "45",
+        "aws_session_token": SECRET,
+        "queue_url_prefix": "not read",
+    }
+    conn_id = define(
+        monkeypatch, "bq_sqs", {"conn_type": "babelqueue_sqs", "login": "testing", "password": SECRET, "extra": extra}
+    )
     hook = BabelQueueSqsHook(conn_id)
     config = hook.get_binding().config
     assert (config.region_name, config.dead_letter_suffix, config.max_message_bytes) == (REGION, "-dlq", 524288)
@@ -451,8 +468,16 @@ def test_hook_builds_the_binding_from_allowlisted_extras(monkeypatch: pytest.Mon
 
 def test_hook_test_connection_says_what_is_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
     closed = f"http://127.0.0.1:{free_port()}"
-    conn_id = define(monkeypatch, "bq_sqs_closed", {"conn_type": "babelqueue_sqs", "login": "AKID", "password": SECRET,
-                                                    "extra": {"region_name": REGION, "endpoint_url": closed}})
+    conn_id = define(
+        monkeypatch,
+        "bq_sqs_closed",
+        {
+            "conn_type": "babelqueue_sqs",
+            "login": "AKID",
+            "password": SECRET,
+            "extra": {"region_name": REGION, "endpoint_url": closed},
+        },
+    )
     ok, message = BabelQueueSqsHook(conn_id).test_connection()
     assert ok is False and closed in message and "cannot reach the endpoint" in message and SECRET not in message
 

@@ -26,7 +26,10 @@ from babelqueue.sqs_transport import SqsTransport
 
 from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.bindings.sqs import SqsBinding, SqsConfig, message_attributes
-from tests.bindings.sqs_server import REGION, delete_queues_except, moto_endpoint, queue_urls, sqs_client
+from tests.bindings.sqs_server import (
+    REGION,
+    sqs_client,
+)
 from tests.conftest import compact, fixture_dict
 
 pytestmark = pytest.mark.interop
@@ -34,23 +37,17 @@ pytestmark = pytest.mark.interop
 POISON = b'\xff\xfe{"job": not json'
 
 
-@pytest.fixture(scope="module")
-def endpoint() -> str:
-    return moto_endpoint()
-
-
-@pytest.fixture
-def admin(endpoint: str) -> Iterator[Any]:
-    client = sqs_client(endpoint)
-    before = queue_urls(client)
-    yield client
-    delete_queues_except(client, before)
-
-
 @pytest.fixture
 def ours(endpoint: str, admin: Any) -> Iterator[SqsBinding]:
-    binding = SqsBinding(SqsConfig(region_name=REGION, endpoint_url=endpoint, aws_access_key_id="testing",
-                                   aws_secret_access_key="testing", dead_letter_suffix="-dlq"))
+    binding = SqsBinding(
+        SqsConfig(
+            region_name=REGION,
+            endpoint_url=endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            dead_letter_suffix="-dlq",
+        )
+    )
     yield binding
     binding.close()
 
@@ -97,7 +94,8 @@ def test_what_the_sdk_publishes_we_reserve_byte_for_byte(ours: SqsBinding, endpo
     assert bq.check(message.envelope) is None and message.envelope == bq.decode(raw.encode())
     assert message.attempts == 0 and message.delivery_count == 1
     assert {k: v for k, v in message.headers.items() if k.startswith("bq-")} == strings(
-        message_attributes(message.envelope))  # the SDK projects exactly what we would
+        message_attributes(message.envelope)
+    )  # the SDK projects exactly what we would
     ours.ack(message)
     assert ours.depth(q) == 0
 
@@ -133,8 +131,10 @@ def test_fifo_group_and_dedup_ids_agree(ours: SqsBinding, endpoint: str, admin: 
         attributes = message["Attributes"]
         seen[message["Body"]] = (attributes["MessageGroupId"], attributes["MessageDeduplicationId"])
         admin.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
-    assert seen == {ours_body.decode(): (fifo, bq.decode(ours_body)["meta"]["id"]),
-                    sdk_raw: (fifo, EnvelopeCodec.decode(sdk_raw)["meta"]["id"])}
+    assert seen == {
+        ours_body.decode(): (fifo, bq.decode(ours_body)["meta"]["id"]),
+        sdk_raw: (fifo, EnvelopeCodec.decode(sdk_raw)["meta"]["id"]),
+    }
 
 
 def test_dead_letters_land_where_sdk_apps_drain_them(ours: SqsBinding, endpoint: str, q: str) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -22,6 +21,7 @@ import pytest
 
 from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.bindings.redis import RedisBinding, RedisConfig
+from tests.conftest import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -49,10 +49,6 @@ with DAG("bq_e2e_dead_letters", schedule=[Asset("babelqueue://e2e/dead-letters",
 """
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_a_dead_letter_on_redis_runs_an_asset_scheduled_dag(tmp_path: Path) -> None:
