@@ -1,9 +1,13 @@
 # The two commands: `make demo` and `make test`. Everything else is a helper they use.
-.PHONY: demo test bench bootstrap services lock lint clean
+.PHONY: demo verdicts test bench bootstrap services lock lint clean
 
 CONFORMANCE ?= ../shared/conformance
 
-demo: bootstrap
+demo:
+	bash .ci/demo.sh
+
+# The envelope core's verdicts on the public conformance fixtures (no Airflow, no broker).
+verdicts: bootstrap
 	.venv/bin/python -m airflow_provider_babelqueue.verdicts $(CONFORMANCE)
 
 test:
@@ -27,4 +31,4 @@ lock: bootstrap
 		--python-version 3.11 -o requirements/ci.lock
 
 clean:
-	rm -rf .venv .pytest_cache .hypothesis .ruff_cache
+	rm -rf .venv .demo .pytest_cache .hypothesis .ruff_cache

@@ -42,6 +42,7 @@ __all__ = [
     "native_reason_of",
     "parse_replay_line",
     "record_body",
+    "safe_segment",
 ]
 
 logger = logging.getLogger(__name__)
@@ -344,10 +345,16 @@ def _give_back(binding: Binding, messages: Sequence[ReceivedMessage],
                       "visibility timeout", len(messages), messages[0].queue_name)
 
 
+def safe_segment(text: str) -> str:
+    """``text`` with runs of characters unsafe in object keys and Hadoop paths (``:``, ``+``, spaces, ``/``)
+    replaced by ``_``, so a run id can name a file or a folder."""
+    return _SAFE.sub("_", text).strip("_")
+
+
 def file_name(run_id: str | None, unique: str) -> str:
     """``dlq-<run id, or UTC time>-<unique>.jsonl``, with characters unsafe in object keys replaced."""
     stamp = run_id or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    return f"dlq-{_SAFE.sub('_', stamp).strip('_')}-{unique}.jsonl"
+    return f"dlq-{safe_segment(stamp)}-{unique}.jsonl"
 
 
 class _Drain:

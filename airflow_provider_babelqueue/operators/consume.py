@@ -49,7 +49,7 @@ class BabelQueueConsumeOperator(BaseOperator):
     failures are retried with backoff and dead-lettered with reason ``failed`` once ``max_attempts``
     handler runs failed. The summary counts handled, retried, skipped duplicates and dead letters by reason.
 
-    :param babelqueue_conn_id: the BabelQueue connection; its type picks the broker.
+    :param babelqueue_conn_id: the BabelQueue connection (templated); its type picks the broker.
     :param queue_name: the queue to consume (templated).
     :param handlers: URN → callable taking the envelope dict, or its dotted path as a string.
     :param max_messages: stop after this many deliveries (retries count as deliveries).
@@ -71,7 +71,7 @@ class BabelQueueConsumeOperator(BaseOperator):
         alerts; the summary is still pushed to XCom first.
     """
 
-    template_fields: Sequence[str] = ("queue_name", "idempotency_store")
+    template_fields: Sequence[str] = ("babelqueue_conn_id", "queue_name", "idempotency_store")
     ui_color = "#e8eef8"
 
     def __init__(

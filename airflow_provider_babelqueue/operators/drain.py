@@ -84,8 +84,8 @@ class BabelQueueDrainDeadLettersOperator(BaseOperator):
     :param sources: the queues to drain, as a list of ``{"babelqueue_conn_id": ..., "queue_name": ...}``
         (templated), so one task and one file can cover several brokers. Mutually exclusive with
         ``queue_name``.
-    :param babelqueue_conn_id: shorthand for one source: its connection (any BabelQueue type; the type picks
-        the broker, so the operator never needs to know which one it is).
+    :param babelqueue_conn_id: shorthand for one source: its connection (any BabelQueue type; templated); the
+        type picks the broker, so the operator never needs to know which one it is.
     :param queue_name: shorthand for one source: the logical queue whose DLQ is drained (templated). The DLQ's
         broker-side name (``orders:failed``, ``jobs_failed``, ...) comes from the binding.
     :param destination: a local folder or file, or any ``ObjectStoragePath`` URL (``file://``, ``s3://``,
@@ -106,7 +106,9 @@ class BabelQueueDrainDeadLettersOperator(BaseOperator):
     :param progress_every: log a progress line every this many records.
     """
 
-    template_fields: Sequence[str] = ("sources", "queue_name", "destination", "max_messages", "max_bytes")
+    template_fields: Sequence[str] = (
+        "sources", "babelqueue_conn_id", "queue_name", "destination", "max_messages", "max_bytes",
+    )
     template_fields_renderers = {"sources": "json"}
     ui_color = "#f4e8e8"
 

@@ -20,9 +20,9 @@ class BabelQueuePublishOperator(BaseOperator):
     the broker's native batching), or ready ``envelopes`` (dicts or encoded bytes/str, e.g. pulled from
     XCom), which are checked and published unchanged.
 
-    :param babelqueue_conn_id: the BabelQueue connection (SQL, Redis, RabbitMQ, ...); its type picks the
-        broker, so the same DAG works on any of them.
-    :param queue_name: the logical queue (``meta.queue``) and where the messages go.
+    :param babelqueue_conn_id: the BabelQueue connection (SQL, Redis, RabbitMQ, ...; templated); its type picks
+        the broker, so the same DAG works on any of them.
+    :param queue_name: the logical queue (``meta.queue``) and where the messages go (templated).
     :param urn: the message identity consumers route on (templated).
     :param data: the payload dict, or a list of payload dicts for a batch (templated).
     :param envelopes: ready envelopes to publish as they are; mutually exclusive with ``urn``/``data``.
@@ -31,7 +31,7 @@ class BabelQueuePublishOperator(BaseOperator):
     :param headers: broker headers for brokers that carry them (e.g. ``{"bq-replay-bypass": 1}``).
     """
 
-    template_fields: Sequence[str] = ("urn", "data", "queue_name", "trace_id", "envelopes")
+    template_fields: Sequence[str] = ("babelqueue_conn_id", "urn", "data", "queue_name", "trace_id", "envelopes")
     template_fields_renderers = {"data": "json", "envelopes": "json"}
     ui_color = "#e8f4ea"
 

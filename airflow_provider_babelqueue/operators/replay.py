@@ -56,6 +56,30 @@ def iter_replay_set(replay_set: str, log: logging.Logger | logging.LoggerAdapter
     return engine.iter_replay_set(replay_set, log, url_files=object_storage_files)
 
 
+def _blank_to_none(value: Any) -> Any:
+    return None if value is None or (isinstance(value, str) and value.strip() in ("", "None")) else value
+
+
+def _is_template(value: Any) -> bool:
+    return isinstance(value, str) and "{{" in value
+
+
+def _check_source(queue_name: Any, replay_set: Any) -> None:
+    """Exactly one source. Templated values are only known after rendering, so they pass here."""
+    if _is_template(queue_name) or _is_template(replay_set):
+        return
+    if (_blank_to_none(queue_name) is None) == (_blank_to_none(replay_set) is None):
+        raise ValueError("give either queue_name (a DLQ to redrive) or replay_set (a file or folder), not both "
+                         "and not neither")
+
+
+def _check_rate(rate: Any) -> None:
+    if rate is None or _is_template(rate):
+        return
+    if isinstance(rate, str) or not rate > 0:
+        raise ValueError(f"max_messages_per_second must be positive or None, got {rate!r}")
+
+
 class BabelQueueReplayOperator(BaseOperator):
     """Replay dead letters exactly once per ledger: reset them and publish them to their queue again.
 
@@ -71,7 +95,7 @@ class BabelQueueReplayOperator(BaseOperator):
     :param source_conn_id: the connection of the DLQ to redrive (templated); with ``replay_set`` it is only
         the default target connection.
     :param queue_name: the logical queue whose DLQ is redriven (templated). Mutually exclusive with
-        ``replay_set``.
+        ``replay_set``; a value that renders blank counts as not given, so one DAG can offer both.
     :param replay_set: a JSON Lines file or folder, local or any ``ObjectStoragePath`` URL (templated, e.g.
         the ``path`` a drain returned). Lines are drain records (detected by their ``v`` and ``body`` keys)
         or envelope objects; unusable lines (such as a torn last line) are counted as ``unreadable_line``.
@@ -97,8 +121,8 @@ class BabelQueueReplayOperator(BaseOperator):
         target connection, so a replay and its ledger share a broker.
     :param ledger_name: the ledger's name (templated); default ``replay:<target queue>``. A new name starts a
         fresh ledger (everything becomes replayable again).
-    :param max_messages_per_second: publish at most this many messages per second (``None`` = unlimited), to
-        spare a downstream that just recovered. The operator sleeps; it never busy-waits.
+    :param max_messages_per_second: publish at most this many messages per second (``None`` = unlimited;
+        templated), to spare a downstream that just recovered. The operator sleeps; it never busy-waits.
     :param reserve_timeout: seconds to wait for the next dead letter before the DLQ counts as empty.
     :param batch_size: messages per native batch publish (smaller under a rate limit).
     :param progress_every: log a progress line every this many replayed messages.
@@ -107,7 +131,7 @@ class BabelQueueReplayOperator(BaseOperator):
     template_fields: Sequence[str] = (
         "source_conn_id", "queue_name", "replay_set", "target_conn_id", "target_queue_name", "reasons", "urns",
         "exception_types", "original_queues", "min_age_seconds", "max_age_seconds", "max_messages", "dry_run",
-        "ledger_conn_id", "ledger_name",
+        "ledger_conn_id", "ledger_name", "max_messages_per_second",
     )
     ui_color = "#e8ecf4"
 
@@ -137,11 +161,8 @@ class BabelQueueReplayOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if (queue_name is None) == (replay_set is None):
-            raise ValueError("give either queue_name (a DLQ to redrive) or replay_set (a file or folder), not both "
-                             "and not neither")
-        if max_messages_per_second is not None and not max_messages_per_second > 0:
-            raise ValueError(f"max_messages_per_second must be positive or None, got {max_messages_per_second!r}")
+        _check_source(queue_name, replay_set)
+        _check_rate(max_messages_per_second)
         if reserve_timeout < 0 or batch_size < 1 or progress_every < 1:
             raise ValueError("reserve_timeout must not be negative; batch_size and progress_every must be positive")
         self.source_conn_id = source_conn_id
@@ -180,6 +201,12 @@ class BabelQueueReplayOperator(BaseOperator):
         return selection
 
     def execute(self, context: Context) -> dict[str, Any]:
+        # Rendered templates may leave "" (or "None") for the unused one of queue_name / replay_set.
+        self.queue_name = _blank_to_none(self.queue_name)
+        self.replay_set = _blank_to_none(self.replay_set)
+        _check_source(self.queue_name, self.replay_set)
+        self.max_messages_per_second = parse_number(self.max_messages_per_second, "max_messages_per_second")
+        _check_rate(self.max_messages_per_second)
         selection = self._selection()
         dry_run = parse_flag(self.dry_run, "dry_run")
         max_messages = parse_number(self.max_messages, "max_messages", integer=True)

@@ -68,7 +68,7 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
     :param output: the output folder, local or any Hadoop-FS URL (templated; kept as ``output_path``, since
         ``output`` is every operator's XComArg); it is overwritten.
     :param conn_id: the Spark connection (``spark_default``; for local mode ``{"conn_type": "spark", "host":
-        "local[*]"}``).
+        "local[*]"}``; templated, so a DAG param can pick the cluster).
     :param source_broker: triage only: record this broker name instead of each record's ``broker`` (templated).
     :param report_output: triage only: also write the report (``summary.json``, ``report.html``) into this
         folder from the same Spark application, saving the report job's start-up (templated).
@@ -87,7 +87,7 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
         (``sys.executable``) unless given (on a cluster, give the executors' Python).
     """
 
-    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "input_path", "output_path",
+    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "conn_id", "input_path", "output_path",
                                       "source_broker", "report_output",
                                       *_POLICY)
     ui_color = "#fbe9d0"
@@ -131,6 +131,7 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
         super().__init__(application=job_path(job), conn_id=conn_id, name=name or f"babelqueue-{job}",
                          env_vars=env, **kwargs)
         self.job = job
+        self.conn_id = conn_id  # templated; copied to the Spark provider's ``_conn_id`` at execute
         # ``output`` is BaseOperator's XComArg property, so the values live under other names.
         self.input_path = input
         self.output_path = output
@@ -165,6 +166,7 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
         return args
 
     def execute(self, context: Any) -> dict[str, Any]:
+        self._conn_id = self.conn_id
         self.application_args = self.job_args()
         if self.ship_package:
             zipped = package_zip()

@@ -67,7 +67,7 @@ class _BabelQueueSensor(BaseSensorOperator):
 class BabelQueueQueueDepthSensor(_BabelQueueSensor):
     """Waits until a queue's depth satisfies a comparison; the observed depth goes to XCom.
 
-    :param babelqueue_conn_id: the BabelQueue connection; its type picks the broker.
+    :param babelqueue_conn_id: the BabelQueue connection (templated); its type picks the broker.
     :param queue_name: the queue to watch (templated).
     :param which: ``ready`` (messages waiting for a consumer) or ``dead_letter`` (its DLQ).
     :param comparison: one of ``>=``, ``>``, ``<=``, ``<``, ``==`` — e.g. ``<=`` with threshold 0 waits for a
@@ -81,7 +81,7 @@ class BabelQueueQueueDepthSensor(_BabelQueueSensor):
         ``[operators] default_deferrable``.
     """
 
-    template_fields: Sequence[str] = ("queue_name", "threshold")
+    template_fields: Sequence[str] = ("babelqueue_conn_id", "queue_name", "threshold")
     ui_color = "#f4efe0"
 
     def __init__(
@@ -166,7 +166,7 @@ class BabelQueueDeadLetterSensor(_BabelQueueSensor):
     """Waits until dead letters arrive; returns ``{"depth", "matching", "sample"}`` to XCom, the sample
     being up to ``sample_size`` ``{meta_id, urn, reason}`` entries (where the broker can browse its DLQ).
 
-    :param babelqueue_conn_id: the BabelQueue connection; its type picks the broker.
+    :param babelqueue_conn_id: the BabelQueue connection (templated); its type picks the broker.
     :param queue_name: the queue whose dead-letter queue is watched (templated).
     :param min_count: how many dead letters (or new ones, see below) end the wait.
     :param new_only: count only dead letters that arrive after the sensor starts (its first observation is
@@ -178,7 +178,7 @@ class BabelQueueDeadLetterSensor(_BabelQueueSensor):
     :param deferrable: free the worker slot while waiting; defaults to ``[operators] default_deferrable``.
     """
 
-    template_fields: Sequence[str] = ("queue_name", "reasons", "urns", "baseline")
+    template_fields: Sequence[str] = ("babelqueue_conn_id", "queue_name", "reasons", "urns", "baseline")
     ui_color = "#f8e8e8"
 
     def __init__(

@@ -1,0 +1,173 @@
+"""Daily dead-letter triage: wait for dead letters → drain → Spark triage and report → replay set → gate → replay.
+
+The whole dead-letter lifecycle in one DAG, on any BabelQueue connection (the embedded SQLite queue by
+default):
+
+1. ``wait_for_dead_letters`` waits (reschedule mode) until the DLQ holds at least one message; a day with none
+   ends skipped, not failed.
+2. ``drain`` moves the dead letters into one JSON Lines file (the evidence, bytes unaltered). Each message leaves
+   the DLQ only once the file holding it is on disk.
+3. ``triage`` (spark-submit) deduplicates and partitions them by reason into Parquet and writes the HTML
+   report from the same Spark application.
+4. ``replay_set`` (spark-submit) selects what the policy says is worth retrying (``replay_reasons`` and the
+   other ``replay_*`` params) and resets it, one folder per target queue.
+5. ``gate`` logs what would be republished. With ``dry_run`` (the default) it stops there: nothing is
+   republished until someone runs the DAG with ``{"dry_run": false}``.
+6. ``replay`` publishes each target queue's folder (one mapped task per queue). The replay ledger makes a re-run
+   publish nothing twice.
+
+Everything a run writes sits under ``<output_root>/babelqueue_dlq_triage_report/<run id>/``. Connection ids and
+queue names are params; nothing is looked up when the file is parsed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from typing import Any
+
+from airflow.sdk import DAG, Param, get_current_context, task
+from airflow.sdk.exceptions import AirflowSkipException
+
+from airflow_provider_babelqueue.operators import (
+    BabelQueueDrainDeadLettersOperator,
+    BabelQueueReplayOperator,
+    BabelQueueSparkTriageOperator,
+)
+from airflow_provider_babelqueue.sensors import BabelQueueDeadLetterSensor
+
+log = logging.getLogger(__name__)
+
+PARAMS = {
+    "babelqueue_conn_id": Param("babelqueue_default", type="string",
+                                description="the BabelQueue connection whose DLQ is triaged"),
+    "queue_name": Param("orders", type="string", description="the logical queue whose dead letters are triaged"),
+    "output_root": Param("", type="string",
+                         description="folder or object-storage URL for the run's files; blank = "
+                                     "$AIRFLOW_HOME/babelqueue/runs"),
+    "spark_conn_id": Param("spark_default", type="string", description="the Spark connection for spark-submit"),
+    "spark_conf": Param({"spark.sql.shuffle.partitions": "8", "spark.ui.enabled": "false"}, type="object",
+                        description="extra spark-submit --conf values"),
+    "replay_reasons": Param(["failed"], type="array",
+                            description="dead_letter.reason values worth replaying; 'failed' = handler errors"),
+    "replay_exception_types": Param([], type="array",
+                                    description="only these exception types (full name or last segment)"),
+    "replay_urns": Param([], type="array", description="only these URNs; empty = any"),
+    "replay_min_age_seconds": Param(None, type=["null", "number"],
+                                    description="only dead letters at least this old (let a fix deploy first)"),
+    "target_conn_id": Param(None, type=["null", "string"],
+                            description="publish replays on this connection; null = babelqueue_conn_id"),
+    "max_messages_per_second": Param(None, type=["null", "number"], description="replay rate limit; null = none"),
+    "dry_run": Param(True, type="boolean", description="log what would be replayed and republish nothing"),
+}
+
+with DAG(
+    dag_id="babelqueue_dlq_triage_report",
+    description="Daily BabelQueue dead-letter triage: drain, Spark triage + HTML report, policy replay",
+    schedule="@daily",
+    start_date=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC),
+    catchup=False,
+    max_active_runs=1,
+    params=PARAMS,
+    render_template_as_native_obj=True,
+    tags=["babelqueue", "dead-letters", "spark"],
+    doc_md=__doc__,
+) as dag:
+
+    @task
+    def plan() -> dict[str, str]:
+        """The run's folders, decided when the run starts (not at parse time)."""
+        from airflow_provider_babelqueue.workspace import run_workspace
+
+        context = get_current_context()
+        folders = run_workspace(context["params"]["output_root"], context["dag"].dag_id, context["run_id"])
+        log.info("this run's files go under %s", folders["root"])
+        return folders
+
+    folders = plan()
+
+    # --8<-- [start:sensor_dead_letters]
+    wait_for_dead_letters = BabelQueueDeadLetterSensor(
+        task_id="wait_for_dead_letters",
+        babelqueue_conn_id="{{ params.babelqueue_conn_id }}",
+        queue_name="{{ params.queue_name }}",
+        min_count=1,
+        mode="reschedule",
+        poke_interval=datetime.timedelta(minutes=5),
+        timeout=datetime.timedelta(hours=1),
+        soft_fail=True,  # no dead letters today: the run ends skipped
+    )
+    # --8<-- [end:sensor_dead_letters]
+
+    # --8<-- [start:operator_drain]
+    drain = BabelQueueDrainDeadLettersOperator(
+        task_id="drain",
+        babelqueue_conn_id="{{ params.babelqueue_conn_id }}",
+        queue_name="{{ params.queue_name }}",
+        destination=folders["drain"],
+        mode="move",
+    )
+    # --8<-- [end:operator_drain]
+
+    # --8<-- [start:operator_spark_triage]
+    triage = BabelQueueSparkTriageOperator(
+        task_id="triage",
+        job="triage",
+        conn_id="{{ params.spark_conn_id }}",
+        conf="{{ params.spark_conf }}",
+        input="{{ ti.xcom_pull(task_ids='drain')['path'] }}",
+        output=folders["triage"],
+        report_output=folders["report"],
+    )
+    # --8<-- [end:operator_spark_triage]
+
+    # --8<-- [start:operator_spark_replay_set]
+    replay_set = BabelQueueSparkTriageOperator(
+        task_id="replay_set",
+        job="replay_set",
+        conn_id="{{ params.spark_conn_id }}",
+        conf="{{ params.spark_conf }}",
+        input=folders["triage"],
+        output=folders["replay_set"],
+        reasons="{{ params.replay_reasons }}",
+        exception_types="{{ params.replay_exception_types }}",
+        urns="{{ params.replay_urns }}",
+        min_age_seconds="{{ params.replay_min_age_seconds }}",
+    )
+    # --8<-- [end:operator_spark_replay_set]
+
+    @task
+    def gate(triage_result: dict[str, Any], replay_result: dict[str, Any]) -> list[dict[str, str]]:
+        """Log the triage and the replay set; stop here on a dry run; else one replay per target queue."""
+        from airflow_provider_babelqueue.workspace import read_json, replay_batches, summary_table
+
+        params = get_current_context()["params"]
+        triaged = read_json(triage_result["summary"])
+        selected = read_json(replay_result["summary"])
+        log.info("triage: %d records, %d after dedup, report at %s\n%s", triaged["records"], triaged["rows"],
+                 triage_result.get("report"), summary_table(triaged["by_reason"]))
+        log.info("replay set (policy %s): %d messages\n%s", selected["policy"], selected["lines"],
+                 summary_table(selected["targets"], ("target queue", "messages")))
+        batches = replay_batches(selected)
+        if params["dry_run"]:
+            raise AirflowSkipException(
+                f"dry run: {selected['lines']} message(s) would be replayed to {sorted(selected['targets'])}; "
+                "nothing was republished. Trigger with {\"dry_run\": false} to replay this set."
+            )
+        if not batches:
+            raise AirflowSkipException("the policy selected nothing to replay")
+        return batches
+
+    batches = gate(triage.output, replay_set.output)
+
+    # --8<-- [start:operator_replay_set]
+    replay = BabelQueueReplayOperator.partial(
+        task_id="replay",
+        source_conn_id="{{ params.babelqueue_conn_id }}",
+        target_conn_id="{{ params.target_conn_id or params.babelqueue_conn_id }}",
+        max_messages_per_second="{{ params.max_messages_per_second }}",
+    ).expand_kwargs(batches)
+    # --8<-- [end:operator_replay_set]
+
+    wait_for_dead_letters >> drain >> triage
+    triage >> replay_set

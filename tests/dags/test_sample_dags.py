@@ -1,0 +1,278 @@
+"""The sample DAGs in dags/: they parse with no connection or network access, and each runs end to end under
+``dag.test()`` on the embedded SQLite queue and on Redis (the triage DAGs with real spark-submit, local mode).
+
+The dead letters come from the demo's seed: a real consumer whose handler fails for known orders, plus poison
+bodies, an unknown URN and an unsupported schema version, so every expected count below follows from
+``airflow_provider_babelqueue.demo``'s rules, not from the code under test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_babelqueue import demo
+from airflow_provider_babelqueue import envelope as bq
+from airflow_provider_babelqueue.bindings.base import Binding
+from airflow_provider_babelqueue.hooks import get_hook
+from tests.airflow_harness import run_dag, task_states, xcom
+
+ROOT = Path(__file__).resolve().parents[2]
+DAGS = ROOT / "dags"
+VENV_BIN = str(Path(sys.executable).parent)
+SAMPLE_DAGS = {
+    "babelqueue_dlq_triage_report": ["drain", "gate", "plan", "replay", "replay_set", "triage",
+                                     "wait_for_dead_letters"],
+    "babelqueue_dlq_replay": ["replay"],
+    "babelqueue_event_triggered_triage": ["drain", "plan", "triage"],
+    "babelqueue_publish_example": ["publish_lines", "publish_order", "start_trace"],
+}
+BROKERS = ["sqlite-default", "redis"]
+
+PARSE_GUARD = textwrap.dedent(
+    """
+    import sys
+
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.sdk import BaseHook, Variable
+
+    calls = []
+
+    def refuse(*args, **kwargs):
+        calls.append(("lookup", args))
+        raise RuntimeError("looked up at parse time")
+
+    BaseHook.get_connection = classmethod(refuse)
+    Variable.get = staticmethod(refuse)
+
+    def audit(event, args):
+        if event in ("socket.connect", "socket.getaddrinfo", "subprocess.Popen"):
+            calls.append((event, repr(args)[:200]))
+            raise RuntimeError(f"{event} at parse time")
+
+    sys.addaudithook(audit)
+    bag = DagBag(dag_folder=sys.argv[1])
+    print(repr({"errors": {k: str(v)[:500] for k, v in bag.import_errors.items()}, "calls": calls,
+                "dags": {d.dag_id: sorted(t.task_id for t in d.tasks) for d in bag.dags.values()}}))
+    """
+)
+
+
+def test_every_sample_dag_parses_without_connections_or_network() -> None:
+    """DagBag over dags/ with connection/variable lookups, sockets and subprocesses all made to fail."""
+    env = {**os.environ, "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+    done = subprocess.run([sys.executable, "-c", PARSE_GUARD, str(DAGS)], capture_output=True, text=True,
+                          env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    import ast
+
+    result = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    assert result["errors"] == {}
+    assert result["calls"] == []
+    assert result["dags"] == SAMPLE_DAGS
+
+
+@pytest.fixture
+def bag() -> Any:
+    """A fresh parse per test: ``dag.test(run_conf=...)`` writes the run's conf into the DAG's params."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    dagbag = DagBag(dag_folder=str(DAGS))
+    assert not dagbag.import_errors
+    return dagbag
+
+
+def test_schedules_and_safe_defaults(bag: Any) -> None:
+    triage = bag.get_dag("babelqueue_dlq_triage_report")
+    assert triage.params["dry_run"] is True and triage.params["replay_reasons"] == ["failed"]
+    assert triage.params["babelqueue_conn_id"] == "babelqueue_default"
+    assert bag.get_dag("babelqueue_dlq_replay").params["dry_run"] is True
+    assert type(bag.get_dag("babelqueue_dlq_replay").timetable).__name__ == "NullTimetable"  # manual only
+    assert triage.timetable.expression == "0 0 * * *"  # @daily
+    event = bag.get_dag("babelqueue_event_triggered_triage")
+    [asset] = event.timetable.asset_condition.objects
+    [watcher] = asset.watchers
+    assert asset.uri == "babelqueue://babelqueue_default/orders/dead-letters"
+    assert type(watcher.trigger).__name__ == "BabelQueueDeadLetterTrigger"
+
+
+def _broker(kind: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """A connection id, a unique queue, its binding, and a Spark connection in local mode."""
+    queue = f"orders-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    monkeypatch.setenv("PATH", VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
+    prefix = f"bqdags{uuid.uuid4().hex[:6]}:"
+    if kind == "redis":
+        conn_id = "bq_dags_redis"
+        monkeypatch.setenv("AIRFLOW_CONN_BQ_DAGS_REDIS", json.dumps(
+            {"conn_type": "babelqueue_redis", "host": "127.0.0.1", "port": 6379, "extra": {"key_prefix": prefix}}))
+    else:
+        conn_id = "babelqueue_default"
+        monkeypatch.delenv("AIRFLOW_CONN_BABELQUEUE_DEFAULT", raising=False)
+    hook = get_hook(conn_id)
+    binding = hook.get_binding()
+    yield {"conn_id": conn_id, "queue": queue, "binding": binding, "output_root": str(tmp_path / "runs")}
+    if kind == "redis":
+        keys = list(binding.client.scan_iter(match=f"{prefix}*"))
+        if keys:
+            binding.client.delete(*keys)
+    hook.close()
+
+
+@pytest.fixture
+def broker(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    yield from _broker(request.param, monkeypatch, tmp_path)
+
+
+@pytest.fixture
+def broker_sqlite(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    yield from _broker("sqlite-default", monkeypatch, tmp_path)
+
+
+def seed(binding: Binding, queue: str) -> None:
+    summary = demo.seed(binding, queue, log=lambda *_: None)
+    assert summary["dead_lettered"] == demo.expected_reasons()
+    assert binding.dead_letter_depth(queue) == sum(demo.expected_reasons().values()) == 15
+
+
+def take_all(binding: Binding, queue: str) -> list[bytes]:
+    bodies = []
+    while (message := binding.reserve(queue)) is not None:
+        bodies.append(message.body)
+        binding.ack(message)
+    return bodies
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def drained_bodies(records: list[dict[str, Any]]) -> list[bytes]:
+    from airflow_provider_babelqueue.drain import record_body
+
+    return [record_body(record) for record in records]
+
+
+def expected_replays(stored: list[bytes]) -> list[bytes]:
+    """The reset bytes of the stored dead letters whose reason is ``failed``, sorted."""
+    out = []
+    for body in stored:
+        try:
+            envelope = bq.decode(body)
+        except Exception:  # noqa: BLE001 - poison
+            continue
+        if envelope.get("dead_letter", {}).get("reason") == "failed":
+            out.append(bq.encode(bq.reset_for_replay(envelope)))
+    return sorted(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
+def test_triage_report_dag_end_to_end(bag: Any, broker: dict[str, Any]) -> None:
+    """sensor → drain → Spark triage + report → replay set → gate → replay, with dry_run off."""
+    binding, queue = broker["binding"], broker["queue"]
+    seed(binding, queue)
+    run = run_dag(bag.get_dag("babelqueue_dlq_triage_report"), run_conf={
+        "babelqueue_conn_id": broker["conn_id"], "queue_name": queue, "output_root": broker["output_root"],
+        "dry_run": False, "spark_conf": {"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"}})
+    states = task_states(run)
+    assert states == dict.fromkeys(SAMPLE_DAGS["babelqueue_dlq_triage_report"], "success"), states
+
+    drained = xcom(run, "drain")
+    assert drained["records"] == 15 and sum(drained["by_source"].values()) == 15, drained
+    stored = drained_bodies(read_jsonl(drained["path"]))
+    assert len(stored) == 15 and binding.dead_letter_depth(queue) == 0  # moved, not copied
+
+    triage = json.loads(Path(xcom(run, "triage")["summary"]).read_text())
+    assert triage["by_reason"] == demo.expected_reasons() and triage["rows"] == 15
+    assert triage["duplicates_removed"] == 0
+    report = Path(xcom(run, "triage")["report"])
+    assert report.is_file() and b"<svg" in report.read_bytes()
+    replay_summary = json.loads(Path(xcom(run, "replay_set")["summary"]).read_text())
+    assert replay_summary["targets"] == {queue: 10} and replay_summary["policy"]["reasons"] == ["failed"]
+
+    replayed = take_all(binding, queue)
+    assert sorted(replayed) == expected_replays(stored)
+    orders = sorted(bq.decode(body)["data"]["order_id"] for body in replayed)
+    assert orders == sorted(demo.failing_orders())
+    assert all(bq.decode(body)["attempts"] == 0 and "dead_letter" not in bq.decode(body) for body in replayed)
+
+
+@pytest.mark.slow
+def test_triage_report_dry_run_republishes_nothing(bag: Any, broker_sqlite: dict[str, Any]) -> None:
+    binding, queue = broker_sqlite["binding"], broker_sqlite["queue"]
+    seed(binding, queue)
+    run = run_dag(bag.get_dag("babelqueue_dlq_triage_report"), run_conf={
+        "queue_name": queue, "output_root": broker_sqlite["output_root"],
+        "spark_conf": {"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"}})
+    states = task_states(run)
+    assert states["replay_set"] == "success" and states["gate"] == "skipped" and states["replay"] == "skipped"
+    assert binding.depth(queue) == 0 and binding.dead_letter_depth(queue) == 0
+    replay_set = Path(xcom(run, "replay_set")["output"]) / f"target_queue={queue}"
+    assert sum(len(p.read_bytes().splitlines()) for p in replay_set.glob("part-*")) == 10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
+def test_event_triggered_triage_dag_end_to_end(bag: Any, broker: dict[str, Any]) -> None:
+    binding, queue = broker["binding"], broker["queue"]
+    seed(binding, queue)
+    run = run_dag(bag.get_dag("babelqueue_event_triggered_triage"), run_conf={
+        "babelqueue_conn_id": broker["conn_id"], "queue_name": queue, "output_root": broker["output_root"],
+        "spark_conf": {"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"}})
+    assert task_states(run) == {"plan": "success", "drain": "success", "triage": "success"}
+    assert xcom(run, "drain")["records"] == 15 and binding.dead_letter_depth(queue) == 0
+    triage = xcom(run, "triage")
+    assert json.loads(Path(triage["summary"]).read_text())["by_reason"] == demo.expected_reasons()
+    assert Path(triage["report"]).is_file()
+    assert triage["output"].startswith(broker["output_root"] + "/babelqueue_event_triggered_triage/")
+
+
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
+def test_replay_dag_dry_run_then_replay(bag: Any, broker: dict[str, Any]) -> None:
+    binding, queue = broker["binding"], broker["queue"]
+    seed(binding, queue)
+    stored = [message.body for message in binding.browse_dead_letters(queue)]
+    dag = bag.get_dag("babelqueue_dlq_replay")
+    conf = {"source_conn_id": broker["conn_id"], "queue_name": queue, "reasons": ["failed"]}
+
+    first = run_dag(dag, run_conf={**conf, "dry_run": True})
+    assert task_states(first) == {"replay": "success"}
+    result = xcom(first, "replay")
+    assert result["dry_run"] is True and result["replayed"] == 10 and result["targets"] == {queue: 10}
+    assert binding.depth(queue) == 0 and binding.dead_letter_depth(queue) == 15
+
+    second = run_dag(dag, run_conf={**conf, "dry_run": False, "max_messages_per_second": 1000})
+    result = xcom(second, "replay")
+    assert result["dry_run"] is False and result["replayed"] == 10
+    assert sorted(take_all(binding, queue)) == expected_replays(stored)
+    assert binding.dead_letter_depth(queue) == 5  # poison, unknown_urn, unsupported_schema_version stay
+
+
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
+def test_publish_example_dag_continues_one_trace(bag: Any, broker: dict[str, Any]) -> None:
+    binding, queue = broker["binding"], broker["queue"]
+    dag = bag.get_dag("babelqueue_publish_example")
+    given = "4bf92f35-77b3-4da6-a3ce-929d0e0e4736"
+    for conf in ({}, {"trace_id": given}):
+        run = run_dag(dag, run_conf={"babelqueue_conn_id": broker["conn_id"], "queue_name": queue, **conf})
+        assert set(task_states(run).values()) == {"success"}
+        trace = xcom(run, "start_trace")
+        assert trace == given if conf else str(uuid.UUID(trace)) == trace
+        envelopes = [bq.decode(body) for body in take_all(binding, queue)]
+        assert [e["job"] for e in envelopes] == ["urn:babel:orders:created"] + ["urn:babel:orders:line-added"] * 2
+        assert [e["data"] for e in envelopes] == [dag.params["order"], *dag.params["lines"]]
+        assert {e["trace_id"] for e in envelopes} == {trace}
+        assert {e["meta"]["queue"] for e in envelopes} == {queue}
+        assert all(bq.check(e) is None for e in envelopes)
+        assert xcom(run, "publish_order") == [envelopes[0]["meta"]["id"]]
+        assert xcom(run, "publish_lines") == [e["meta"]["id"] for e in envelopes[1:]]
