@@ -26,10 +26,10 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ._amqp import MAX_BODY, MIRROR, RabbitMQConfig, _confirmed_batch, amqp_properties
 from .base import (
@@ -46,6 +46,7 @@ from .base import (
 
 __all__ = ["MAX_BODY", "MIRROR", "RabbitMQBinding", "RabbitMQConfig", "amqp_properties"]
 
+T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 
@@ -134,6 +135,22 @@ class RabbitMQBinding(Binding):
                 del binding
 
         threading.Thread(target=pump, name="babelqueue-rabbitmq-heartbeat", daemon=True).start()
+
+    def _reconnecting(self, call: Callable[[], T]) -> T:
+        """``call()``; when the connection turns out to be dead (the broker restarted or dropped us), open a new
+        one and call once more. Only for calls that change nothing when the connection dies under them: a
+        ``basic.get`` (the broker requeues what a dead connection held) or a passive declare. Publishes and acks
+        are never repeated here: they report, and the caller decides."""
+        errors = self._pika.exceptions
+        try:
+            return call()
+        except (errors.StreamLostError, errors.ConnectionClosed, errors.ConnectionWrongStateError,
+                errors.AMQPHeartbeatTimeout) as exc:
+            if not self._owns:
+                raise
+            logger.warning("%s: the connection was lost (%s); reconnecting once", self._where(), type(exc).__name__)
+            self._connection = None
+            return call()
 
     @contextmanager
     def _guard(self, action: str, queue: str) -> Iterator[None]:
@@ -269,14 +286,19 @@ class RabbitMQBinding(Binding):
         while True:
             with self._lock, self._guard("reserve", source):
                 self._expire()
-                # Never basic.get a missing queue: its 404 would close the channel holding the reservations.
-                if self._exists(source, self.config.declare_queues and not dead):
-                    method, props, body = self._channel("work").basic_get(source, auto_ack=False)
-                    if method is not None:
-                        lease = self.config.visibility_timeout or math.inf
-                        self._held[method.delivery_tag] = time.monotonic() + lease
-                        receipt = _Receipt(self._generation, method.delivery_tag, source)
-                        return self._received(method, props, bytes(body or b""), queue_name, dead, receipt)
+
+                def get() -> tuple[Any, Any, Any]:
+                    # Never basic.get a missing queue: its 404 would close the channel holding the reservations.
+                    if not self._exists(source, self.config.declare_queues and not dead):
+                        return None, None, None
+                    return self._channel("work").basic_get(source, auto_ack=False)
+
+                method, props, body = self._reconnecting(get)
+                if method is not None:
+                    lease = self.config.visibility_timeout or math.inf
+                    self._held[method.delivery_tag] = time.monotonic() + lease
+                    receipt = _Receipt(self._generation, method.delivery_tag, source)
+                    return self._received(method, props, bytes(body or b""), queue_name, dead, receipt)
             if (remaining := end - time.monotonic()) <= 0:
                 return None
             time.sleep(min(pause, remaining))  # outside the lock: other threads keep working
@@ -381,7 +403,8 @@ class RabbitMQBinding(Binding):
         with self._lock, self._guard("count", queue):
             self._expire()
             try:
-                return int(self._channel("probe").queue_declare(queue, passive=True).method.message_count)
+                return int(self._reconnecting(
+                    lambda: self._channel("probe").queue_declare(queue, passive=True).method.message_count))
             except self._pika.exceptions.ChannelClosedByBroker as exc:
                 if exc.reply_code != 404:
                     raise

@@ -1,0 +1,147 @@
+"""Broker outages: a throwaway Redis and RabbitMQ server is killed during a batch publish and during a consume
+run, then started again on its data (``tests.nodes``). The machine's own servers are never touched.
+
+What must hold: the publish fails with an error that names the server and exactly which bodies were not
+delivered; publishing those again after the restart delivers them, so every body is there at least once
+(at-least-once: a chunk whose reply was lost may land twice, never zero times); a consumer that meets the
+outage keeps retrying the broker, recovers when it is back, and every message is handled (once per
+``meta.id`` with an idempotency store) or still queued: nothing is silently dropped.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pika
+import pytest
+import redis
+
+from airflow_provider_babelqueue import envelope as bq
+from airflow_provider_babelqueue.bindings.base import Binding, PublishBatchError
+from airflow_provider_babelqueue.bindings.rabbitmq import RabbitMQBinding, RabbitMQConfig
+from airflow_provider_babelqueue.bindings.redis import RedisBinding, RedisConfig
+from tests.nodes import HOST, RabbitNode, RedisNode
+
+pytestmark = pytest.mark.slow
+
+
+def bodies_for(queue: str, count: int) -> list[bytes]:
+    return [bq.encode(bq.make_envelope("urn:babel:orders:created", {"n": n, "pad": "x" * 200}, queue_name=queue))
+            for n in range(count)]
+
+
+def kill_when(condition: Callable[[], bool], kill: Callable[[], None], timeout: float = 60) -> threading.Thread:
+    """Kill the server from another thread as soon as ``condition()`` holds (polled), i.e. mid-publish."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if condition():
+                    break
+            except Exception:  # noqa: BLE001 - the server may be busy; keep looking
+                pass
+            time.sleep(0.002)
+        kill()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+# ------------------------------------------------------------------------------------------------------- Redis
+
+
+@pytest.fixture
+def redis_node(tmp_path: Path) -> Iterator[RedisNode]:
+    node = RedisNode(tmp_path)
+    node.start()
+    yield node
+    node.kill()
+
+
+def test_redis_killed_during_a_batch_publish(redis_node: RedisNode) -> None:
+    queue, count = "outage-orders", 100_000
+    bodies = bodies_for(queue, count)
+    binding = RedisBinding(RedisConfig(host=HOST, port=redis_node.port, socket_timeout=5))
+    watcher = redis.Redis(host=HOST, port=redis_node.port, socket_timeout=1)
+    key = queue  # the list's key: no key prefix configured
+    thread = kill_when(lambda: watcher.llen(key) > 0, redis_node.kill)
+
+    with pytest.raises(PublishBatchError) as caught:
+        binding.publish_batch(bodies, queue)
+    thread.join(timeout=10)
+    error = caught.value
+    start = error.failed[0]
+    assert 0 < start < count, "the kill must land inside the batch"
+    assert error.failed == list(range(start, count))
+    assert f"{HOST}:{redis_node.port}" in str(error) and f"{start} of {count} bodies were delivered" in str(error)
+
+    redis_node.start()  # same data directory: the AOF keeps every acknowledged write
+    stored = redis.Redis(host=HOST, port=redis_node.port).lrange(key, 0, -1)
+    assert stored[:start] == bodies[:start]
+    assert len(stored) - start in (0, 1000)  # at most the chunk whose reply was lost landed too
+
+    binding.publish_batch([bodies[i] for i in error.failed], queue)  # the same binding reconnects by itself
+    final = redis.Redis(host=HOST, port=redis_node.port).lrange(key, 0, -1)
+    counts = Counter(final)
+    assert set(counts) == set(bodies)  # nothing lost
+    assert sum(n - 1 for n in counts.values()) <= 1000  # duplicates only from the chunk whose reply was lost
+    binding.close()
+
+
+# ---------------------------------------------------------------------------------------------------- RabbitMQ
+
+
+@pytest.fixture(scope="module")
+def rabbit_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitNode]:
+    node = RabbitNode(tmp_path_factory.mktemp("rabbitmq-outage"))
+    node.start()
+    yield node
+    node.stop()
+
+
+def _ready_count(node: RabbitNode, queue: str) -> int:
+    connection = pika.BlockingConnection(pika.ConnectionParameters(HOST, node.port, connection_attempts=1,
+                                                                   socket_timeout=2, blocked_connection_timeout=2))
+    try:
+        return connection.channel().queue_declare(queue, passive=True).method.message_count
+    finally:
+        connection.close()
+
+
+def _drain_bodies(binding: Binding, queue: str) -> list[bytes]:
+    out = []
+    while (message := binding.reserve(queue, timeout=0.5)) is not None:
+        out.append(message.body)
+        binding.ack(message)
+    return out
+
+
+def test_rabbitmq_killed_during_a_batch_publish(rabbit_node: RabbitNode) -> None:
+    queue, count = "outage-orders", 20_000
+    bodies = bodies_for(queue, count)
+    binding = RabbitMQBinding(RabbitMQConfig(host=HOST, port=rabbit_node.port, socket_timeout=3))
+    binding.publish(bodies_for(queue, 1)[0], queue)  # declare the queue; this one is consumed below
+    assert _drain_bodies(binding, queue)
+    thread = kill_when(lambda: _ready_count(rabbit_node, queue) > 0, rabbit_node.kill)
+
+    with pytest.raises(PublishBatchError) as caught:
+        binding.publish_batch(bodies, queue)
+    thread.join(timeout=30)
+    error = caught.value
+    assert f"{HOST}:{rabbit_node.port}" in str(error)
+    assert 0 < len(error.failed) <= count and error.failed == sorted(set(error.failed))
+
+    rabbit_node.start()  # same Mnesia directory: the durable queue and its persistent messages are back
+    binding.publish_batch([bodies[i] for i in error.failed], queue)  # the binding reconnects by itself
+    stored = _drain_bodies(binding, queue)
+    counts = Counter(stored)
+    assert set(counts) == set(bodies)  # nothing lost
+    confirmed = set(range(count)) - set(error.failed)
+    assert all(counts[bodies[i]] == 1 for i in confirmed)  # confirmed bodies were not published twice
+    binding.close()
