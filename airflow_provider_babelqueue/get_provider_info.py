@@ -35,6 +35,8 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_provider_babelqueue.hooks.redis",
                     "airflow_provider_babelqueue.hooks.rabbitmq",
                     "airflow_provider_babelqueue.hooks.sqs",
+                    "airflow_provider_babelqueue.hooks.azure_service_bus",
+                    "airflow_provider_babelqueue.hooks.pulsar",
                 ],
             }
         ],
@@ -87,6 +89,17 @@ def get_provider_info() -> dict[str, Any]:
                         "description": "An unacked reservation returns to the queue after this many seconds",
                         "schema": {"type": ["number", "null"], "default": 300},
                     },
+                    "sslmode": {
+                        "label": "PostgreSQL sslmode",
+                        "description": "libpq sslmode: disable, require, verify-ca or verify-full",
+                        "schema": {
+                            "type": ["string", "null"],
+                            "enum": ["disable", "allow", "prefer", "require", "verify-ca", "verify-full", None],
+                        },
+                    },
+                    "sslrootcert": {"label": "PostgreSQL CA bundle path", "schema": {"type": ["string", "null"]}},
+                    "sslcert": {"label": "PostgreSQL client certificate path", "schema": {"type": ["string", "null"]}},
+                    "sslkey": {"label": "PostgreSQL client key path", "schema": {"type": ["string", "null"]}},
                 },
             },
             {
@@ -227,6 +240,135 @@ def get_provider_info() -> dict[str, Any]:
                         "label": "Long-poll wait (s)",
                         "description": "Longest single ReceiveMessage wait",
                         "schema": {"type": ["integer", "null"], "default": 20, "minimum": 1, "maximum": 20},
+                    },
+                },
+            },
+            {
+                "connection-type": "babelqueue_pulsar",
+                "hook-class-name": "airflow_provider_babelqueue.hooks.pulsar.BabelQueuePulsarHook",
+                "hook-name": "BabelQueue Apache Pulsar",
+                "ui-field-behaviour": {
+                    "hidden-fields": ["login", "schema", "extra"],
+                    "relabeling": {"host": "Broker host or service URL", "password": "Token (JWT)"},
+                    "placeholders": {"host": "pulsar.internal  or  pulsar+ssl://pulsar.internal:6651", "port": "6650"},
+                },
+                "conn-fields": {
+                    "ssl": {"label": "TLS (pulsar+ssl)", "schema": {"type": ["boolean", "null"], "default": False}},
+                    "admin_url": {
+                        "label": "Admin URL",
+                        "description": "Admin REST API for queue depths; empty: http://<host>:8080 (https://<host>:8443)",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "tenant": {"label": "Tenant", "schema": {"type": ["string", "null"], "default": "public"}},
+                    "namespace": {"label": "Namespace", "schema": {"type": ["string", "null"], "default": "default"}},
+                    "subscription": {
+                        "label": "Subscription",
+                        "description": "The Shared subscription every consumer joins",
+                        "schema": {"type": ["string", "null"], "default": "babelqueue"},
+                    },
+                    "dead_letter_suffix": {
+                        "label": "Dead-letter suffix",
+                        "description": "DLQ topic = <queue><suffix>",
+                        "schema": {"type": ["string", "null"], "default": ".dlq"},
+                    },
+                    "tls_trust_certs_file_path": {"label": "CA bundle path", "schema": {"type": ["string", "null"]}},
+                    "tls_validate_hostname": {
+                        "label": "Verify TLS host name",
+                        "schema": {"type": ["boolean", "null"], "default": True},
+                    },
+                    "tls_allow_insecure_connection": {
+                        "label": "Accept any TLS certificate",
+                        "description": "For a lab only",
+                        "schema": {"type": ["boolean", "null"], "default": False},
+                    },
+                    "visibility_timeout": {
+                        "label": "Visibility timeout (s)",
+                        "description": "An unsettled reservation is negatively acknowledged after this; empty: never",
+                        "schema": {"type": ["number", "null"], "exclusiveMinimum": 0},
+                    },
+                    "redelivery_delay": {
+                        "label": "Redelivery delay (s)",
+                        "description": "Wait before a negatively acknowledged message is redelivered",
+                        "schema": {"type": ["number", "null"], "default": 1, "minimum": 0},
+                    },
+                    "receiver_queue_size": {
+                        "label": "Receiver queue size",
+                        "description": "Messages a consumer prefetches; small keeps workers fair and depth close",
+                        "schema": {"type": ["integer", "null"], "default": 1, "minimum": 1},
+                    },
+                    "max_message_bytes": {
+                        "label": "Max message bytes",
+                        "description": "Checked before sending; the broker's maxMessageSize",
+                        "schema": {"type": ["integer", "null"], "default": 5242880, "minimum": 1024},
+                    },
+                    "create_subscription": {
+                        "label": "Create the subscription",
+                        "description": "Before the first publish to a topic, so no message is published unseen",
+                        "schema": {"type": ["boolean", "null"], "default": True},
+                    },
+                    "operation_timeout_seconds": {
+                        "label": "Operation timeout (s)",
+                        "schema": {"type": ["integer", "null"], "default": 30, "minimum": 1},
+                    },
+                },
+            },
+            {
+                "connection-type": "babelqueue_azure_service_bus",
+                "hook-class-name": "airflow_provider_babelqueue.hooks.azure_service_bus.BabelQueueAzureServiceBusHook",
+                "hook-name": "BabelQueue Azure Service Bus",
+                "ui-field-behaviour": {
+                    "hidden-fields": ["port", "schema", "login", "extra"],
+                    "relabeling": {"host": "Fully qualified namespace", "password": "Connection string"},
+                    "placeholders": {
+                        "host": "contoso.servicebus.windows.net (DefaultAzureCredential)",
+                        "password": "Endpoint=sb://...;SharedAccessKeyName=...;SharedAccessKey=...",
+                    },
+                },
+                "conn-fields": {
+                    "native_dead_letter": {
+                        "label": "Native dead-lettering",
+                        "description": "Dead letters go to <queue>/$DeadLetterQueue; off: to the plain DLQ below",
+                        "schema": {"type": ["boolean", "null"], "default": True},
+                    },
+                    "dead_letter_queue_suffix": {
+                        "label": "Plain dead-letter queue suffix",
+                        "description": "Also read <queue><suffix> as a DLQ ('.dlq' for the SDKs' apps); empty: none",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "create_queues": {
+                        "label": "Create missing queues",
+                        "description": "Needs Manage rights; off: queues are provisioned elsewhere (IaC)",
+                        "schema": {"type": ["boolean", "null"], "default": False},
+                    },
+                    "lock_duration": {
+                        "label": "Lock duration (s)",
+                        "description": "PeekLock of queues the hook creates (Service Bus: 5-300); empty: 60",
+                        "schema": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 300},
+                    },
+                    "max_delivery_count": {
+                        "label": "Max delivery count",
+                        "description": "Of queues the hook creates; Service Bus dead-letters past it; empty: 10",
+                        "schema": {"type": ["integer", "null"], "minimum": 1, "maximum": 2000},
+                    },
+                    "min_receive_wait": {
+                        "label": "Shortest receive wait (s)",
+                        "description": "A receive is a round trip: how long a 'no wait' reserve still waits",
+                        "schema": {"type": ["number", "null"], "default": 0.2, "minimum": 0.01, "maximum": 10},
+                    },
+                    "duplicate_detection": {
+                        "label": "Queues detect duplicates",
+                        "description": "RequiresDuplicateDetection is on: retries get MessageId <meta.id>:<attempts>",
+                        "schema": {"type": ["boolean", "null"], "default": False},
+                    },
+                    "use_websockets": {
+                        "label": "AMQP over WebSockets",
+                        "description": "Port 443, for networks that block AMQP's 5671",
+                        "schema": {"type": ["boolean", "null"], "default": False},
+                    },
+                    "connection_verify": {
+                        "label": "CA bundle path",
+                        "description": "Verify TLS with this CA bundle (e.g. behind a TLS-inspecting proxy)",
+                        "schema": {"type": ["string", "null"]},
                     },
                 },
             },

@@ -111,8 +111,10 @@ BLOCK_OWNERS = {
     "redis": "tests/bindings/test_redis_binding.py (payload identity against the real server)",
     "rabbitmq": "tests/bindings/test_rabbitmq_binding.py (pure projection and a real published message)",
     "sqs": "tests/bindings/test_sqs_binding.py (pure functions, and the projection as received from moto's server)",
-    "asb": "pending: Azure Service Bus binding (issue 6)",
-    "pulsar": "pending: Pulsar binding (issue 7)",
+    "asb": "tests/bindings/test_asb_binding.py (pure projection and every reconciliation case, and the projection "
+    "as a plain SDK receiver and the AMQP wire see it, through the Service Bus test double)",
+    "pulsar": "tests/bindings/test_pulsar_binding.py (pure projection and reconciliation, and both as carried by the "
+    "fake client, whose redeliveries come from negative acks)",
     "kafka": "not applicable: the product has no Kafka binding",
     "artemis": "not applicable: the product has no ActiveMQ Artemis binding",
 }

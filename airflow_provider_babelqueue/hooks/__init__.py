@@ -26,6 +26,8 @@ HOOK_CLASSES = {
     "babelqueue_redis": "airflow_provider_babelqueue.hooks.redis.BabelQueueRedisHook",
     "babelqueue_rabbitmq": "airflow_provider_babelqueue.hooks.rabbitmq.BabelQueueRabbitMQHook",
     "babelqueue_sqs": "airflow_provider_babelqueue.hooks.sqs.BabelQueueSqsHook",
+    "babelqueue_azure_service_bus": "airflow_provider_babelqueue.hooks.azure_service_bus.BabelQueueAzureServiceBusHook",
+    "babelqueue_pulsar": "airflow_provider_babelqueue.hooks.pulsar.BabelQueuePulsarHook",
 }
 
 

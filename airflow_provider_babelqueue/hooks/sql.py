@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from typing import Any, ClassVar
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from airflow.sdk import Connection
 
@@ -12,6 +12,8 @@ from .base import BabelQueueHook, ConnectionConfigError, as_float
 
 __all__ = ["BabelQueueSqlHook", "sql_url"]
 
+#: PostgreSQL TLS settings passed to libpq as URL query parameters (ignored for SQLite and ``sqlalchemy_url``).
+_TLS_EXTRAS = ("sslmode", "sslrootcert", "sslcert", "sslkey")
 _DRIVERS = {"sqlite": "sqlite", "postgresql": "postgresql+psycopg2", "postgres": "postgresql+psycopg2"}
 
 
@@ -42,7 +44,9 @@ def sql_url(connection: Connection, extras: dict[str, Any]) -> str:
             auth += ":" + quote(connection.password, safe="")
         auth += "@"
     port = f":{connection.port}" if connection.port else ""
-    return f"{_DRIVERS[dialect]}://{auth}{connection.host}{port}/{connection.schema or 'postgres'}"
+    tls = {key: str(extras[key]) for key in _TLS_EXTRAS if extras.get(key) not in (None, "")}
+    query = f"?{urlencode(tls)}" if tls else ""
+    return f"{_DRIVERS[dialect]}://{auth}{connection.host}{port}/{connection.schema or 'postgres'}{query}"
 
 
 class BabelQueueSqlHook(BabelQueueHook):
@@ -50,12 +54,14 @@ class BabelQueueSqlHook(BabelQueueHook):
 
     The embedded default: with no server at all, the ``babelqueue_default`` connection is a SQLite file in
     ``$AIRFLOW_HOME``. Extras: ``dialect``, ``sqlalchemy_url``, ``table`` (default ``jobs``),
-    ``visibility_timeout`` (seconds before an unacked reservation returns to the queue).
+    ``visibility_timeout`` (seconds before an unacked reservation returns to the queue), and for PostgreSQL over
+    TLS ``sslmode``, ``sslrootcert``, ``sslcert``, ``sslkey`` (libpq's names and meanings).
     """
 
     conn_type: ClassVar[str] = "babelqueue_sql"
     hook_name: ClassVar[str] = "BabelQueue SQL"
-    extra_fields: ClassVar[tuple[str, ...]] = ("dialect", "sqlalchemy_url", "table", "visibility_timeout")
+    extra_fields: ClassVar[tuple[str, ...]] = ("dialect", "sqlalchemy_url", "table", "visibility_timeout",
+                                               *_TLS_EXTRAS)
 
     def build_binding(self, connection: Connection, extras: dict[str, Any]) -> Binding:
         from ..bindings.sql import SqlBinding, SqlConfig

@@ -184,3 +184,24 @@ def test_test_connection_creates_no_tables(monkeypatch: pytest.MonkeyPatch, tmp_
     engine = sqlalchemy.create_engine(f"sqlite:///{path}")
     assert sqlalchemy.inspect(engine).get_table_names() == []
     engine.dispose()
+
+
+def test_postgresql_tls_extras_reach_libpq(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local PostgreSQL has no TLS, so ``sslmode=require`` must be refused by libpq itself (proving the
+    extra reaches it) and ``sslmode=disable`` must work; the password never shows in the message."""
+    from airflow_provider_babelqueue.hooks.sql import sql_url
+
+    plain = define(monkeypatch, "bq_pg_plain", PG | {"extra": {"dialect": "postgresql", "sslmode": "disable"}})
+    ok, message = get_hook(plain).test_connection()
+    assert ok, message
+    tls = PG | {"password": "Hunter2-secret",
+                "extra": {"dialect": "postgresql", "sslmode": "require", "sslrootcert": "/etc/ssl/ca.pem"}}
+    ok, message = get_hook(define(monkeypatch, "bq_pg_tls", tls)).test_connection()
+    assert ok is False and "server does not support SSL" in message, message
+    assert "Hunter2-secret" not in message
+
+    from airflow.sdk import Connection
+
+    url = sql_url(Connection(conn_id="x", conn_type="babelqueue_sql", host="db", login="u", schema="d"),
+                  {"dialect": "postgresql", "sslmode": "verify-full", "sslrootcert": "/etc/ca b.pem", "sslkey": ""})
+    assert url == "postgresql+psycopg2://u@db/d?sslmode=verify-full&sslrootcert=%2Fetc%2Fca+b.pem"
