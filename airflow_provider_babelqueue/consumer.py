@@ -2,13 +2,20 @@
 
 For each delivery, in this order:
 
-1. an undecodable body is dead-lettered with reason ``poison`` (its bytes kept exactly);
-2. an envelope that fails validation is dead-lettered with the validation reason (an unsupported schema
+1. a body over ``max_body_bytes`` or nested deeper than ``max_nesting_depth`` is dead-lettered with reason
+   ``poison`` (its bytes kept exactly) and an error naming the limit and the actual size or depth: a hostile
+   or runaway producer cannot make a consumer validate, re-encode or hand it to a handler;
+2. an undecodable body is dead-lettered with reason ``poison`` (its bytes kept exactly);
+3. an envelope that fails validation is dead-lettered with the validation reason (an unsupported schema
    version included): quarantined, never dropped;
-3. a URN with no handler follows the unknown-URN strategy;
-4. a duplicate ``meta.id`` (when an idempotency store is given) is acked without running the handler;
-5. the handler runs; success acks, failure releases with backoff until ``max_attempts`` handler runs,
+4. a URN with no handler follows the unknown-URN strategy;
+5. a duplicate ``meta.id`` (when an idempotency store is given) is acked without running the handler;
+6. the handler runs; success acks, failure releases with backoff until ``max_attempts`` handler runs,
    then dead-letters with reason ``failed``, the error text and the exception type.
+
+The limits are checked on the raw bytes the binding returned; bindings decode a body when they reserve it
+(with orjson, which refuses nesting deeper than 1,024 levels without recursing), so the limits protect
+everything after that: validation, the dead-letter re-encoding, handlers and their own parsers.
 """
 
 from __future__ import annotations
@@ -21,15 +28,123 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import accumulate
 from typing import Any
 
 from . import envelope as bq
-from .bindings.base import Binding, ReceivedMessage
+from .bindings.base import Binding, BindingError, ReceivedMessage, bumped_body
 from .idempotency import SeenStore
 
-__all__ = ["Backoff", "ConsumeSummary", "Consumer", "Handler", "UnknownUrnStrategy", "exception_name"]
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_NESTING_DEPTH",
+    "Backoff",
+    "ConsumeSummary",
+    "Consumer",
+    "Handler",
+    "UnknownUrnStrategy",
+    "body_limit_error",
+    "check_limit",
+    "exception_name",
+    "nesting_depth",
+]
 
 Handler = Callable[[dict[str, Any]], Any]
+
+#: 16 MiB: above what SQS and Pulsar accept by default, so in practice it stops runaway bodies on brokers with no
+#: (or a much larger) limit of their own: the SQL table, Redis lists, RabbitMQ, Service Bus premium.
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+#: 64 levels, counting the envelope's own object as 1: real payloads rarely pass 10, and parsers that recurse
+#: (Python's ``json``, many handlers' own code) fail somewhere between a few hundred and a thousand.
+DEFAULT_MAX_NESTING_DEPTH = 64
+
+
+# ------------------------------------------------------------------------------------- body limits
+
+# Bytes kept when measuring nesting: quotes (to find strings) and brackets; braces are folded into brackets
+# and the brackets then into signed steps (+1 / -1), since only the nesting counts, not the container type.
+_NOT_QUOTE_OR_BRACKET = bytes(byte for byte in range(256) if byte not in b'"[]{}')
+_FOLD_BRACES = bytes.maketrans(b"{}", b"[]")
+_STEPS = bytes.maketrans(b"[]", b"\x01\xff")
+
+
+def _brackets_outside_strings(body: bytes) -> bytes:
+    """The body's brackets and braces that are not inside a JSON string, in order, as ``[`` and ``]``.
+
+    Bulk byte operations only (no per-byte Python loop, no regular expression): escaped backslashes and escaped
+    quotes are dropped first, so every remaining quote opens or closes a string; then everything but quotes and
+    brackets. Strings are then ``"..."`` runs holding only brackets: when none holds any, removing ``""`` pairs
+    leaves exactly the brackets outside strings; otherwise every second piece between quotes is a string.
+    """
+    if b"\\" in body:
+        body = body.replace(b"\\\\", b"").replace(b'\\"', b"")
+    kept = body.translate(_FOLD_BRACES, _NOT_QUOTE_OR_BRACKET)
+    if b'"' in kept:
+        outside = kept.replace(b'""', b"")
+        kept = outside if b'"' not in outside else b"".join(kept.split(b'"')[::2])
+    return kept
+
+
+def nesting_depth(body: bytes) -> int:
+    """How deeply JSON arrays and objects nest in ``body`` (``{}`` is 1, ``{"a":[1]}`` is 2), without decoding it.
+
+    Brackets inside strings do not count. Nothing recurses: the brackets outside strings become +1/-1 steps and
+    the depth is the highest running sum, computed in C loops (a body nested a million levels deep takes about
+    0.05 s). For a body that is not valid JSON (stray closing brackets, an unterminated string) the figure is
+    an estimate; a decoder rejects such a body anyway.
+    """
+    brackets = _brackets_outside_strings(body)
+    if not brackets:
+        return 0
+    return max(0, max(accumulate(memoryview(brackets.translate(_STEPS)).cast("b"))))
+
+
+def body_limit_error(body: bytes, max_body_bytes: int | None, max_nesting_depth: int | None) -> str | None:
+    """Why ``body`` breaks a consumer limit, naming the limit and the actual figure; ``None`` when it does not.
+
+    Both checks are cheap for ordinary bodies: the size is ``len``, and the depth is only measured when the
+    body has more opening brackets than the limit allows levels (fewer openers cannot nest deeper).
+    """
+    size = len(body)
+    if max_body_bytes is not None and size > max_body_bytes:
+        return f"body is {size:,} bytes; this consumer accepts at most {max_body_bytes:,} (max_body_bytes)"
+    if max_nesting_depth is not None and body.count(b"[") + body.count(b"{") > max_nesting_depth:
+        depth = nesting_depth(body)
+        if depth > max_nesting_depth:
+            return (f"body is nested {depth:,} levels deep; this consumer accepts at most {max_nesting_depth:,} "
+                    "(max_nesting_depth)")
+    return None
+
+
+def check_limit(value: int | None, name: str) -> int | None:
+    """``value`` when it is a usable limit (a positive ``int``, or ``None`` for none); else ``ValueError``
+    naming the option, so a typo in a DAG fails when the file is parsed rather than at 3 a.m."""
+    if value is None:
+        return None
+    if value.__class__ is bool or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive whole number or None (no limit), got {value!r}")
+    return value
+
+
+_NOT_COUNTABLE = (
+    "not retried: the body cannot be re-encoded with a higher attempts count (an integer beyond 64 bits, or "
+    "nesting deeper than the encoder's 254 levels), so each retry would arrive as the first attempt again"
+)
+
+
+def _attempt_countable(message: ReceivedMessage) -> bool:
+    """Whether a release can record the attempt in the body.
+
+    :func:`~airflow_provider_babelqueue.bindings.base.bumped_body` gives a body it cannot re-encode back
+    unchanged (bytes are never lost), so releasing it would deliver it with the same ``attempts`` forever on
+    brokers that keep the count only in the body (the SQL table, Redis lists): a failing handler would loop
+    without end. Such a message is dead-lettered at its first failure instead, on every broker (one rule, rather
+    than one per broker's native counter); the check costs one re-encoding per failure.
+    """
+    try:
+        return bumped_body(message) != message.body
+    except Exception:  # noqa: BLE001 - e.g. RecursionError while walking very deep data: not countable either
+        return False
 
 
 class UnknownUrnStrategy(StrEnum):
@@ -84,6 +199,7 @@ class ConsumeSummary:
     skipped_duplicates: int = 0
     deleted_unknown: int = 0
     released_unknown: int = 0
+    broker_errors: int = 0
     dead_lettered: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
@@ -94,6 +210,7 @@ class ConsumeSummary:
             "skipped_duplicates": self.skipped_duplicates,
             "deleted_unknown": self.deleted_unknown,
             "released_unknown": self.released_unknown,
+            "broker_errors": self.broker_errors,
             "dead_lettered": dict(sorted(self.dead_lettered.items())),
         }
 
@@ -111,6 +228,15 @@ class Consumer:
     :param max_attempts: handler runs before a failing message is dead-lettered (1 = no retry).
     :param idempotency: a seen-set keyed on ``meta.id``; shared by all consumers of the queue it makes
         redeliveries (at-least-once) collapse into one effect.
+    :param max_body_bytes: a longer body is dead-lettered as ``poison`` before it is validated or handed to a
+        handler, with an error naming both sizes, so one runaway producer cannot exhaust a worker's memory.
+        ``None`` turns the check off.
+    :param max_nesting_depth: a body whose arrays/objects nest deeper (the envelope itself is level 1) is
+        dead-lettered as ``poison`` the same way: deep nesting crashes recursive parsers and handlers with a
+        ``RecursionError``. Measured on the raw bytes without recursion; ``None`` turns the check off.
+    :param max_outage_seconds: how long :meth:`run` keeps retrying when the broker fails (a restart, a network
+        blip) before it gives up and raises, so a short outage costs a pause instead of a failed task. Each
+        broker error is logged and counted (``broker_errors``); 0 raises the first one.
     """
 
     def __init__(
@@ -125,9 +251,14 @@ class Consumer:
         idempotency: SeenStore | None = None,
         log: logging.Logger | None = None,
         rng: random.Random | None = None,
+        max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
+        max_nesting_depth: int | None = DEFAULT_MAX_NESTING_DEPTH,
+        max_outage_seconds: float = 0.0,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+        self.max_body_bytes = check_limit(max_body_bytes, "max_body_bytes")
+        self.max_nesting_depth = check_limit(max_nesting_depth, "max_nesting_depth")
         self.binding = binding
         self.queue_name = queue_name
         self.handlers = dict(handlers)
@@ -137,6 +268,11 @@ class Consumer:
         self.idempotency = idempotency
         self.log = log or logging.getLogger(__name__)
         self.rng = rng
+        if not max_outage_seconds >= 0:
+            raise ValueError(f"max_outage_seconds must be a number >= 0, got {max_outage_seconds!r}")
+        self.max_outage_seconds = float(max_outage_seconds)
+        self._outage_since: float | None = None
+        self._outage_errors = 0
         self.summary = ConsumeSummary()
 
     # ----------------------------------------------------------------------------------- outcomes
@@ -148,17 +284,21 @@ class Consumer:
         error: str | None,
         exception: str | None = None,
         failed_runs: int = 0,
+        meta_id: str | None = None,
     ) -> str:
         # attempts in the dead_letter block = deliveries that were given up on (as the other SDKs record it)
         counted = dataclasses.replace(message, attempts=message.attempts + failed_runs)
         self.binding.dead_letter(counted, reason, error=error, exception=exception)
         self.summary.dead_lettered[reason] += 1
-        self.log.warning("dead-lettered %s (%s): %s", message.meta_id or "<no meta.id>", reason, error)
+        self.log.warning("dead-lettered %s (%s): %s", meta_id or message.meta_id or "<no meta.id>", reason, error)
         return f"dead_letter:{reason}"
 
     def _failed(self, message: ReceivedMessage, exc: BaseException, reason: str) -> str:
+        error = str(exc) or type(exc).__name__
         if message.attempts + 1 >= self.max_attempts:
-            return self._dead_letter(message, reason, str(exc) or type(exc).__name__, exception_name(exc), 1)
+            return self._dead_letter(message, reason, error, exception_name(exc), 1)
+        if not _attempt_countable(message):
+            return self._dead_letter(message, reason, f"{error} ({_NOT_COUNTABLE})", exception_name(exc), 1)
         delay = self.backoff.delay(message.attempts, self.rng)
         self.binding.release(message, delay=delay)
         self.summary.retried += 1
@@ -170,6 +310,12 @@ class Consumer:
     def process(self, message: ReceivedMessage) -> str:
         """Handle one delivery; returns what happened (``handled``, ``retried``, ``dead_letter:<reason>``...)."""
         self.summary.received += 1
+        limit_error = body_limit_error(message.body, self.max_body_bytes, self.max_nesting_depth)
+        if limit_error is not None:
+            # Treated as undecodable: the binding stores the bytes as they are instead of decoding and
+            # re-encoding the oversized or over-deep body to annotate it.
+            refused = dataclasses.replace(message, envelope=None, decode_error=limit_error)
+            return self._dead_letter(refused, bq.Reason.POISON, limit_error, meta_id=message.meta_id)
         envelope = message.envelope
         if envelope is None:
             return self._dead_letter(message, bq.Reason.POISON, message.decode_error)
@@ -229,12 +375,38 @@ class Consumer:
             if remaining is not None and remaining <= 0:
                 break
             timeout = reserve_timeout if remaining is None else max(0.0, min(reserve_timeout, remaining))
-            message = self.binding.reserve(self.queue_name, timeout=timeout)
+            try:
+                message = self.binding.reserve(self.queue_name, timeout=timeout)
+                if message is not None:
+                    self.process(message)
+            except BindingError as exc:
+                self._ride_out(exc, deadline)
+                continue
+            self._outage_since = None
             if message is None:
                 if stop_when_empty:
                     break
                 continue
-            self.process(message)
             if progress_every and self.summary.received % progress_every == 0:
                 self.log.info("progress on %s: %s", self.queue_name, self.summary.as_dict())
         return self.summary
+
+    def _ride_out(self, exc: BindingError, deadline: float | None) -> None:
+        """Wait out a broker error, or raise it once ``max_outage_seconds`` have passed since the first one.
+
+        Nothing is lost meanwhile: a message whose ack or release failed is still reserved on the broker and
+        comes back after its visibility timeout (or at once, on brokers that requeue a dead connection's
+        deliveries); the idempotency store, when set, keeps its handler from running twice.
+        """
+        self.summary.broker_errors += 1
+        now = time.monotonic()
+        if self._outage_since is None:
+            self._outage_since, self._outage_errors = now, 0
+        self._outage_errors += 1
+        left = self._outage_since + self.max_outage_seconds - now
+        if left <= 0 or (deadline is not None and deadline <= now):
+            raise exc
+        pause = min(left, 0.25 * 2 ** min(self._outage_errors, 4))  # 0.5, 1, 2, 4 s
+        self.log.warning("broker error on %s, retrying in %.1f s (giving up %.0f s from now): %s", self.queue_name,
+                         pause, left, exc)
+        time.sleep(pause)

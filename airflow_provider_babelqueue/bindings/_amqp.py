@@ -110,6 +110,8 @@ class RabbitMQConfig:
     :param visibility_timeout: optional lease: a reservation held longer is requeued (``basic.nack``) and its
         late settle ignored. ``None``: held until settled or the connection closes (RabbitMQ's model). The
         broker's ``consumer_timeout`` (30 min by default) closes a channel whose delivery stays unacked longer.
+    :param max_message_bytes: larger bodies are refused before anything is sent; the default is the broker's
+        default ``max_message_size`` (128 MiB). Set it to your broker's value if you changed that.
     """
 
     host: str = "127.0.0.1"
@@ -126,8 +128,11 @@ class RabbitMQConfig:
     blocked_connection_timeout: float | None = 300.0
     socket_timeout: float | None = 10.0
     visibility_timeout: float | None = None
+    max_message_bytes: int = MAX_BODY
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.max_message_bytes, int) and self.max_message_bytes >= 1):
+            raise ValueError(f"max_message_bytes must be a positive whole number, got {self.max_message_bytes!r}")
         if not self.dead_letter_suffix:
             raise ValueError("dead_letter_suffix must not be empty: the DLQ would be the queue itself")
         if (vt := self.visibility_timeout) is not None and not (math.isfinite(vt) and vt > 0):

@@ -43,9 +43,12 @@ __all__ = [
     "PublishBatchError",
     "ReceivedMessage",
     "bumped_body",
+    "check_sizes",
     "dead_letter_body",
     "parse_body",
+    "redact_url",
     "require_extra",
+    "scrub_url_password",
 ]
 
 
@@ -126,6 +129,53 @@ def parse_body(body: bytes) -> tuple[dict[str, Any] | None, str | None, int]:
         return None, str(exc), 0
     attempts = env.get("attempts")
     return env, None, attempts if attempts.__class__ is int and attempts >= 0 else 0
+
+
+def redact_url(url: str) -> str:
+    """``url`` with the password in its userinfo replaced by ``***`` (``http://u:***@host``), for messages: an
+    endpoint URL may carry credentials that no log masker knows about."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(an unparsable URL)"
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.netloc.rpartition('@')[2]}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def scrub_url_password(text: str, url: str | None) -> str:
+    """``text`` with the password of ``url``'s userinfo (if any) replaced by ``***``."""
+    from urllib.parse import urlsplit
+
+    try:
+        password = urlsplit(url).password if url else None
+    except ValueError:
+        password = None
+    return text.replace(password, "***") if password else text
+
+
+def check_sizes(bodies: Sequence[bytes], limit: int | None, where: str, why: str = "") -> None:
+    """Refuse bodies over ``limit`` bytes before anything is sent, naming the limit: a broker that refuses them
+    later would fail half a batch, and a database would store what no consumer of the other SDKs can read.
+
+    :param where: the binding and queue, for the message.
+    :param why: where the limit comes from (e.g. "Redis's proto-max-bulk-len"), appended to the message.
+    :raises PublishBatchError: listing every index of the batch (nothing was sent); for one body, too.
+    """
+    if limit is None:
+        return
+    too_big = [index for index, body in enumerate(bodies) if len(body) > limit]
+    if too_big:
+        largest = max(len(bodies[index]) for index in too_big)
+        where_from = f" ({why})" if why else ""
+        raise PublishBatchError(
+            f"{where}: {len(too_big)} of {len(bodies)} bodies are over max_message_bytes={limit:,}{where_from}; "
+            f"the largest is {largest:,} bytes (indexes {too_big[:10]}); nothing was sent",
+            range(len(bodies)),
+        )
 
 
 def bumped_body(message: ReceivedMessage) -> bytes:

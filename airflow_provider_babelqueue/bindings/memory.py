@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..idempotency import InMemorySeenStore
-from .base import Binding, ReceivedMessage, bumped_body, dead_letter_body, parse_body
+from .base import Binding, ReceivedMessage, bumped_body, check_sizes, dead_letter_body, parse_body
 
 __all__ = ["MemoryBinding", "MemoryConfig"]
 
@@ -23,9 +23,12 @@ __all__ = ["MemoryBinding", "MemoryConfig"]
 @dataclass(frozen=True, slots=True)
 class MemoryConfig:
     """:param visibility_timeout: seconds a reserved message may stay unacked before it is delivered
-    again (what a crashed consumer leaves behind)."""
+    again (what a crashed consumer leaves behind).
+    :param max_message_bytes: refuse larger bodies before storing them (``None``: no limit), as the real
+        brokers do, so tests can exercise the refusal."""
 
     visibility_timeout: float = 300.0
+    max_message_bytes: int | None = None
 
 
 @dataclass(slots=True)
@@ -112,6 +115,7 @@ class MemoryBinding(Binding):
     def publish(
         self, body: bytes, queue_name: str, *, headers: Mapping[str, Any] | None = None, delay: float = 0
     ) -> None:
+        check_sizes([body], self.config.max_message_bytes, f"memory queue {queue_name!r}")
         stored = _Stored(bytes(body), dict(headers or {}))
         with self._cond:
             if delay > 0:
@@ -121,6 +125,7 @@ class MemoryBinding(Binding):
             self._cond.notify_all()
 
     def publish_batch(self, bodies: Sequence[bytes], queue_name: str) -> None:
+        check_sizes(bodies, self.config.max_message_bytes, f"memory queue {queue_name!r}")
         with self._cond:
             self._ready.setdefault(queue_name, deque()).extend(_Stored(bytes(b), {}) for b in bodies)
             self._cond.notify_all()

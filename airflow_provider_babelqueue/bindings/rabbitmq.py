@@ -39,6 +39,7 @@ from .base import (
     PublishBatchError,
     ReceivedMessage,
     bumped_body,
+    check_sizes,
     dead_letter_body,
     parse_body,
     require_extra,
@@ -209,8 +210,8 @@ class RabbitMQBinding(Binding):
 
     def _send(self, queue: str, body: bytes, headers: Mapping[str, Any] | None, delay: float = 0) -> None:
         """Publish one body, confirmed unless turned off (the caller holds the lock and the guard)."""
-        if len(body) > MAX_BODY:
-            raise BindingError(f"a {len(body)}-byte body exceeds RabbitMQ's default max_message_size ({MAX_BODY})")
+        check_sizes([body], self.config.max_message_bytes, f"{self._where()} queue {queue!r}",
+                    "RabbitMQ's max_message_size")
         if not self._exists(queue, self.config.declare_queues):
             raise BindingError(f"{self._where()}: queue {queue!r} does not exist and declare_queues is off")
         target = queue
@@ -245,14 +246,10 @@ class RabbitMQBinding(Binding):
     def publish_batch(self, bodies: Sequence[bytes], queue_name: str) -> None:
         """All bodies, then their confirms as they stream back (:func:`_confirmed_batch`); without
         ``publisher_confirms`` a plain loop. :class:`PublishBatchError` lists exactly the bodies nacked,
-        returned or left unconfirmed; a body over :data:`MAX_BODY` fails the batch before anything is sent."""
+        returned or left unconfirmed; a body over ``max_message_bytes`` fails the batch before anything is sent."""
         bodies = [bytes(b) for b in bodies]
-        if too_big := [i for i, body in enumerate(bodies) if len(body) > MAX_BODY]:
-            raise PublishBatchError(
-                f"bodies {too_big[:10]} exceed RabbitMQ's default max_message_size ({MAX_BODY} "
-                "bytes); nothing was sent",
-                range(len(bodies)),
-            )
+        check_sizes(bodies, self.config.max_message_bytes, f"{self._where()} queue {queue_name!r}",
+                    "RabbitMQ's max_message_size")
         props = [self._pika.BasicProperties(**amqp_properties(body)) for body in bodies]
         with self._lock:
             try:

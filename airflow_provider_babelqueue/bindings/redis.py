@@ -35,6 +35,7 @@ from .base import (
     PublishBatchError,
     ReceivedMessage,
     bumped_body,
+    check_sizes,
     dead_letter_body,
     parse_body,
     require_extra,
@@ -78,6 +79,8 @@ class RedisConfig:
     :param visibility_timeout: seconds a reservation may stay unsettled before it is delivered again; it must
         exceed the longest handler run, or a slow message is processed twice.
     :param socket_timeout: seconds to wait for a reply, so a half-open connection cannot hang a worker.
+    :param max_message_bytes: larger bodies are refused before anything is sent; the default is Redis's
+        ``proto-max-bulk-len`` (512 MiB), the largest string a server accepts unless reconfigured.
     """
 
     host: str = "127.0.0.1"
@@ -91,8 +94,11 @@ class RedisConfig:
     dead_letter_suffix: str = ":failed"
     visibility_timeout: float = 300.0
     socket_timeout: float | None = 10.0
+    max_message_bytes: int = 512 * 1024 * 1024
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.max_message_bytes, int) and self.max_message_bytes >= 1):
+            raise ValueError(f"max_message_bytes must be a positive whole number, got {self.max_message_bytes!r}")
         if not (math.isfinite(self.visibility_timeout) and self.visibility_timeout > 0):
             raise ValueError(f"visibility_timeout must be a positive number of seconds, got {self.visibility_timeout}")
         if not self.dead_letter_suffix:
@@ -279,6 +285,7 @@ class RedisBinding(Binding):
         """:param headers: ignored: a Redis list element is the bare envelope, with nowhere to put headers.
         :param delay: seconds before the body reaches the ready list; until then it waits in ``:delayed``."""
         key = self._key(queue_name)
+        check_sizes([body], self.config.max_message_bytes, f"Redis list {key!r}", "Redis's proto-max-bulk-len")
         with self._guard("publish", key):
             if delay > 0:
                 args = ["", "", bytes(body), repr(float(delay)), secrets.token_hex(16)]
@@ -291,6 +298,7 @@ class RedisBinding(Binding):
         On a failure every body from the failing chunk on is reported as not delivered (a chunk whose reply
         was lost may still have landed: at-least-once)."""
         key = self._key(queue_name)
+        check_sizes(bodies, self.config.max_message_bytes, f"Redis list {key!r}", "Redis's proto-max-bulk-len")
         for start in range(0, len(bodies), _CHUNK):
             try:
                 with self._guard("publish a batch", key):

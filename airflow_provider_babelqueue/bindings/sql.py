@@ -30,7 +30,16 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from .. import envelope as bq
-from .base import Binding, BindingError, PublishBatchError, ReceivedMessage, bumped_body, dead_letter_body, parse_body
+from .base import (
+    Binding,
+    BindingError,
+    PublishBatchError,
+    ReceivedMessage,
+    bumped_body,
+    check_sizes,
+    dead_letter_body,
+    parse_body,
+)
 
 __all__ = ["SqlBinding", "SqlConfig", "sqlite_url"]
 
@@ -64,6 +73,8 @@ class SqlConfig:
         notification, so this trades latency for database load.
     :param create_tables: ``CREATE TABLE IF NOT EXISTS`` on first use; turn it off where the application
         role may not run DDL and the tables are migrated separately.
+    :param max_message_bytes: larger bodies are refused before the INSERT; the default is SQLite's
+        ``SQLITE_MAX_LENGTH`` (10^9 bytes), just under PostgreSQL's 1 GB field limit.
     """
 
     url: str
@@ -71,6 +82,7 @@ class SqlConfig:
     visibility_timeout: float = 300.0
     poll_interval: float = 0.05
     create_tables: bool = True
+    max_message_bytes: int = 1_000_000_000
 
     def __post_init__(self) -> None:
         if not isinstance(self.table, str) or not _TABLE_NAME.fullmatch(self.table):
@@ -79,6 +91,8 @@ class SqlConfig:
             raise ValueError(f"visibility_timeout must be positive, got {self.visibility_timeout!r}")
         if not self.poll_interval > 0:
             raise ValueError(f"poll_interval must be positive, got {self.poll_interval!r}")
+        if not (isinstance(self.max_message_bytes, int) and self.max_message_bytes >= 1):
+            raise ValueError(f"max_message_bytes must be a positive whole number, got {self.max_message_bytes!r}")
         try:
             sa.make_url(self.url)
         except (sa.exc.ArgumentError, TypeError, ValueError) as exc:
@@ -329,6 +343,7 @@ class SqlBinding(Binding):
         self, body: bytes, queue_name: str, *, headers: Mapping[str, Any] | None = None, delay: float = 0
     ) -> None:
         """Insert one row; ``headers`` are ignored because the layout has no column other SDKs read."""
+        check_sizes([body], self.config.max_message_bytes, f"{self.config.table} ({queue_name!r})")
         with self._guard("publish", queue_name), self._write() as conn:
             conn.execute(sa.insert(self._ready), [self._row(body, queue_name, time.time(), delay)])
 
@@ -336,6 +351,7 @@ class SqlBinding(Binding):
         """Insert all bodies in one transaction, a multi-row INSERT per chunk: all of them or none."""
         if not bodies:
             return
+        check_sizes(bodies, self.config.max_message_bytes, f"{self.config.table} ({queue_name!r})")
         now = time.time()  # one timestamp: the batch keeps its order (ties are broken by id)
         rows = [self._row(body, queue_name, now) for body in bodies]
         try:

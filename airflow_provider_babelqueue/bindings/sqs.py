@@ -51,7 +51,7 @@ from ._sqs import (  # noqa: F401 - the public names are re-exported
     message_attributes,
     reconcile_attempts,
 )
-from .base import Binding, BindingError, PublishBatchError, ReceivedMessage, parse_body
+from .base import Binding, BindingError, PublishBatchError, ReceivedMessage, parse_body, redact_url, scrub_url_password
 
 __all__ = [
     "BODY_ENCODING_ATTRIBUTE",
@@ -135,9 +135,11 @@ class SqsBinding(Binding):
             text = str(exc)
             for secret in (self.config.aws_secret_access_key, self.config.aws_session_token):
                 text = text.replace(secret, "***") if secret else text
+            text = scrub_url_password(text, self.config.endpoint_url)
             names = [_code(exc)] + [kind.__name__ for kind in type(exc).__mro__]
             hint = next((_HINTS[n] for n in names if n in _HINTS), "SQS refused the request")
-            where = self.config.endpoint_url or f"region {self.config.region_name or '(from the AWS config)'}"
+            endpoint, region = self.config.endpoint_url, self.config.region_name
+            where = redact_url(endpoint) if endpoint else f"region {region or '(from the AWS config)'}"
             raise BindingError(
                 f"SQS {where}: {action} {target!r} failed: {hint} ({type(exc).__name__}: {text})"
             ) from exc
@@ -418,7 +420,8 @@ class SqsBinding(Binding):
     def ping(self) -> None:
         """ListQueues once: proves the endpoint, the credentials and the sqs:ListQueues right."""
         self._call(
-            "list queues at", self.config.endpoint_url or self.config.region_name or "sqs", "list_queues", MaxResults=1
+            "list queues at", redact_url(self.config.endpoint_url or self.config.region_name or "sqs"), "list_queues",
+            MaxResults=1
         )
 
     def close(self) -> None:

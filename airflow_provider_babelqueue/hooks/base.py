@@ -3,18 +3,36 @@
 Hooks are thin: connection → allowlisted extras → typed config → binding. They never look up a
 connection or build a client in ``__init__`` (DAG files are parsed constantly); the binding is created
 on first use and closed by :meth:`BabelQueueHook.close`.
+
+Secrets: Airflow masks a connection's password and extras with sensitive names (``aws_session_token``) in
+logs by itself. It cannot know about secrets inside other values: the password in a URL's userinfo
+(``sqlalchemy_url``, ``endpoint_url``, ``admin_url``, a host given as a URL) or the key inside an Azure
+connection string. :func:`connection_secrets` finds those; hooks register them with Airflow's masker when
+they build a binding, and ``test_connection`` (whose message goes to the UI unmasked) scrubs them out.
 """
 
 from __future__ import annotations
 
 import abc
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
+from urllib.parse import quote, quote_plus, unquote, urlsplit
 
 from airflow.sdk import BaseHook, Connection
 
 from ..bindings.base import Binding
 
-__all__ = ["BabelQueueHook", "ConnectionConfigError", "as_bool", "as_float"]
+__all__ = ["BabelQueueHook", "ConnectionConfigError", "as_bool", "as_float", "connection_secrets", "scrub"]
+
+#: Extra names whose values are secrets (the same words Airflow's masker treats as sensitive, and SAS).
+_SECRET_NAME = re.compile(r"(?i)passw(?:or)?d|secret|token|api_?key|private_key|credential|signature")
+#: ``Key=value;`` segments of a connection string that hold secrets (Azure SAS keys and signatures).
+_SECRET_SEGMENT = re.compile(
+    r"(?i)(?:^|;)\s*(SharedAccessKey|SharedAccessSignature|AccountKey|Password|Pwd)\s*=([^;]+)"
+)
+#: Shorter strings are not scrubbed from messages: a one-letter password would garble every message.
+_MIN_SCRUBBED = 4
 
 
 class ConnectionConfigError(ValueError):
@@ -39,6 +57,60 @@ def as_float(value: Any, field: str) -> float:
     if number < 0:
         raise ConnectionConfigError(f"extra {field!r} must not be negative, got {value!r}")
     return number
+
+
+def _url_password(text: str) -> str | None:
+    if "://" not in text or "@" not in text:
+        return None
+    try:
+        password = urlsplit(text.strip()).password
+    except ValueError:
+        return None
+    return unquote(password) if password else None
+
+
+def connection_secrets(connection: Connection | None, extras: Mapping[str, Any] | None = None) -> list[str]:
+    """Every string of a connection that must never be shown, longest first.
+
+    The password; allowlisted extras whose names say they are secret; the password in the userinfo of any URL
+    (in the host or an extra); the key and signature segments of a connection string (Azure Service Bus keeps
+    one in the password field, with a SAS key inside).
+
+    :param extras: the allowlisted extras the hook read (never the raw ``extra``: unknown keys are ignored).
+    """
+    if connection is None:
+        return []
+    values: list[str] = []
+    password = connection.password or ""
+    if password:
+        values.append(password)
+        values.extend(match.group(2).strip() for match in _SECRET_SEGMENT.finditer(password))
+        values.append(_url_password(password) or "")
+    values.append(_url_password(connection.host or "") or "")
+    for name, value in (extras or {}).items():
+        if isinstance(value, str):
+            if _SECRET_NAME.search(name):
+                values.append(value)
+            values.append(_url_password(value) or "")
+    return sorted({value for value in values if len(value) >= _MIN_SCRUBBED}, key=len, reverse=True)
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with each secret replaced by ``***``, also in its URL-encoded forms (``%40`` for ``@``)."""
+    for secret in secrets:
+        for form in dict.fromkeys((secret, quote(secret, safe=""), quote_plus(secret), quote(secret))):
+            text = text.replace(form, "***")
+    return text
+
+
+def _mask_in_logs(secrets: Iterable[str]) -> None:
+    """Register secrets with Airflow's log masker (task, triggerer and supervisor logs), where available."""
+    try:
+        from airflow.sdk.log import mask_secret
+    except ImportError:  # pragma: no cover - older task SDKs: Airflow still masks the password itself
+        return
+    for secret in secrets:
+        mask_secret(secret)
 
 
 class BabelQueueHook(BaseHook, abc.ABC):
@@ -91,24 +163,38 @@ class BabelQueueHook(BaseHook, abc.ABC):
         return out
 
     def get_binding(self) -> Binding:
-        """The binding for this connection, created on first use and reused afterwards."""
+        """The binding for this connection, created on first use and reused afterwards.
+
+        The connection's embedded secrets (see :func:`connection_secrets`) are registered with Airflow's log
+        masker first, so a broker error that echoes a URL cannot print them in a task log.
+        """
         if self._binding is None:
             connection = self.connection
-            self._binding = self.build_binding(connection, self.extras(connection))
+            extras = self.extras(connection)
+            _mask_in_logs(connection_secrets(connection, extras))
+            self._binding = self.build_binding(connection, extras)
         return self._binding
 
     def test_connection(self) -> tuple[bool, str]:
-        """Reach the broker once. Returns ``(False, what is wrong)`` instead of raising."""
+        """Reach the broker once. Returns ``(False, what is wrong)`` instead of raising.
+
+        The message is shown in the UI as it is (no log masking applies), so every secret of the connection is
+        scrubbed from it, success or failure.
+        """
+        connection: Connection | None = None
+        extras: dict[str, Any] = {}
         try:
             connection = self.connection
-            binding = self.build_binding(connection, self.extras(connection))
+            extras = self.extras(connection)
+            binding = self.build_binding(connection, extras)
             try:
                 binding.ping()
             finally:
                 binding.close()
+            message = f"Connected to {self.hook_name} at {self.describe(connection)}"
         except Exception as exc:  # noqa: BLE001 - the UI wants a message, not a traceback
-            return False, f"{type(exc).__name__}: {exc}"
-        return True, f"Connected to {self.hook_name} at {self.describe(connection)}"
+            return False, scrub(f"{type(exc).__name__}: {exc}", connection_secrets(connection, extras))
+        return True, scrub(message, connection_secrets(connection, extras))
 
     def close(self) -> None:
         if self._binding is not None:

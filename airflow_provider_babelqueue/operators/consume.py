@@ -7,7 +7,14 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
-from ..consumer import Backoff, Consumer, UnknownUrnStrategy
+from ..consumer import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_NESTING_DEPTH,
+    Backoff,
+    Consumer,
+    UnknownUrnStrategy,
+    check_limit,
+)
 from ..exceptions import BabelQueueError
 from ..hooks import DEFAULT_CONN_ID, get_hook
 
@@ -64,14 +71,24 @@ class BabelQueueConsumeOperator(BaseOperator):
     :param unknown_urn_strategy: what to do when no handler is mapped: ``fail`` (retry, then dead-letter
         ``unknown_urn``), ``delete``, ``release`` or ``dead_letter`` (default).
     :param idempotency_conn_id: a SQL or Redis BabelQueue connection holding the seen-set of handled
-        ``meta.id`` values; ``None`` disables idempotency. Redeliveries of handled messages are then acked
-        without running the handler.
+        ``meta.id`` values (templated); ``None`` or blank disables idempotency. Redeliveries of handled
+        messages are then acked without running the handler.
     :param idempotency_store: the seen-set's name (templated); defaults to ``consume:<queue_name>``.
     :param fail_on_dead_letters: fail the task after the run when anything was dead-lettered, so the DAG
         alerts; the summary is still pushed to XCom first.
+    :param max_body_bytes: a longer body (default 16 MiB) is dead-lettered as ``poison``, bytes kept, with an
+        error naming both sizes, before it is validated or handed to a handler: one runaway producer cannot
+        exhaust the worker's memory. ``None`` turns the check off.
+    :param max_nesting_depth: a body whose arrays/objects nest deeper (default 64; the envelope itself is level
+        1) is dead-lettered as ``poison`` the same way, since deep nesting crashes recursive parsers and
+        handlers. ``None`` turns the check off.
+    :param max_outage_seconds: keep retrying the broker for up to this many seconds when it fails mid-run (a
+        restart, a failover) before failing the task; every broker error is logged and counted in the summary's
+        ``broker_errors``. 0 fails on the first one (then Airflow's task retries apply).
     """
 
-    template_fields: Sequence[str] = ("babelqueue_conn_id", "queue_name", "idempotency_store")
+    template_fields: Sequence[str] = ("babelqueue_conn_id", "queue_name", "idempotency_conn_id",
+                                      "idempotency_store")
     ui_color = "#e8eef8"
 
     def __init__(
@@ -93,6 +110,9 @@ class BabelQueueConsumeOperator(BaseOperator):
         idempotency_conn_id: str | None = None,
         idempotency_store: str | None = None,
         fail_on_dead_letters: bool = False,
+        max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
+        max_nesting_depth: int | None = DEFAULT_MAX_NESTING_DEPTH,
+        max_outage_seconds: float = 60.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -111,6 +131,11 @@ class BabelQueueConsumeOperator(BaseOperator):
         self.idempotency_conn_id = idempotency_conn_id
         self.idempotency_store = idempotency_store
         self.fail_on_dead_letters = fail_on_dead_letters
+        self.max_body_bytes = check_limit(max_body_bytes, "max_body_bytes")
+        self.max_nesting_depth = check_limit(max_nesting_depth, "max_nesting_depth")
+        if not max_outage_seconds >= 0:
+            raise ValueError(f"max_outage_seconds must be a number >= 0, got {max_outage_seconds!r}")
+        self.max_outage_seconds = max_outage_seconds
 
     def execute(self, context: Context) -> dict[str, Any]:
         handlers = resolve_handlers(self.handlers)
@@ -118,6 +143,8 @@ class BabelQueueConsumeOperator(BaseOperator):
         store_hook = None
         try:
             store = None
+            if self.idempotency_conn_id in ("", "None"):  # a template that rendered blank
+                self.idempotency_conn_id = None
             if self.idempotency_conn_id is not None:
                 store_hook = (
                     hook if self.idempotency_conn_id == self.babelqueue_conn_id else get_hook(self.idempotency_conn_id)
@@ -132,6 +159,9 @@ class BabelQueueConsumeOperator(BaseOperator):
                 unknown_urn=self.unknown_urn_strategy,
                 idempotency=store,
                 log=self.log,
+                max_body_bytes=self.max_body_bytes,
+                max_nesting_depth=self.max_nesting_depth,
+                max_outage_seconds=self.max_outage_seconds,
             )
             summary = consumer.run(
                 max_messages=self.max_messages,

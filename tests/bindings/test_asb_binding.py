@@ -430,3 +430,17 @@ def test_a_namespace_connection_uses_default_azure_credential_lazily(monkeypatch
     assert binding._credential is None and binding._client is None
     assert hook.describe(hook.connection) == "contoso.servicebus.windows.net (DefaultAzureCredential)"
     hook.close()
+
+
+def test_a_body_over_the_link_limit_is_refused_before_sending(make: Factory, q: str) -> None:
+    """The namespace announces its max message size on the AMQP link (256 KiB on Standard; the double does the
+    same): a batch with one body over it sends nothing and says so; a single send is refused with the hint."""
+    binding = make()
+    small = bq.encode(bq.make_envelope("urn:babel:orders:created", {"n": 1}, queue_name=q))
+    huge = bq.encode(bq.make_envelope("urn:babel:orders:created", {"pad": "x" * 300_000}, queue_name=q))
+    with pytest.raises(PublishBatchError, match="none of the 3 bodies was sent") as caught:
+        binding.publish_batch([small, huge, small], q)
+    assert caught.value.failed == [0, 1, 2]
+    with pytest.raises(BindingError, match="larger than the queue accepts"):
+        binding.publish(huge, q)
+    assert binding.depth(q) == 0

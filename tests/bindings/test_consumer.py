@@ -46,6 +46,7 @@ def test_handled_messages_are_acked(binding: Binding, queue_name: str) -> None:
         "skipped_duplicates": 0,
         "deleted_unknown": 0,
         "released_unknown": 0,
+        "broker_errors": 0,
         "dead_lettered": {},
     }
     assert binding.depth(queue_name) == 0 and binding.dead_letter_depth(queue_name) == 0

@@ -8,7 +8,13 @@ import time
 import pytest
 
 from airflow_provider_babelqueue import envelope as bq
-from airflow_provider_babelqueue.bindings.base import Binding, NotSupportedError, ReceivedMessage
+from airflow_provider_babelqueue.bindings.base import (
+    Binding,
+    BindingError,
+    NotSupportedError,
+    PublishBatchError,
+    ReceivedMessage,
+)
 from tests.bindings.conftest import Factory
 
 POISON = b'\xff\xfe{"job": not json'
@@ -207,3 +213,29 @@ def test_concurrent_consumers_get_each_message_once(binding: Binding, queue_name
     for thread in threads:
         thread.join()
     assert sorted(got) == sorted(bodies) and len(got) == 200
+
+
+def test_oversize_bodies_are_refused_before_sending(make_binding: Factory, queue_name: str) -> None:
+    """A body over ``max_message_bytes`` fails before anything is sent, naming the limit; smaller ones go.
+    (Exact boundaries are per broker: SQS counts attributes too; see each binding's tests.)"""
+    binding = make_binding(max_message_bytes=2048)
+    small = body_for(queue_name, pad="x" * 100)
+    over = body_for(queue_name, pad="x" * (2049 - len(body_for(queue_name, pad=""))))
+    assert len(over) == 2049
+    with pytest.raises(PublishBatchError, match="max_message_bytes=2,?048") as caught:
+        binding.publish_batch([small, over, small], queue_name)
+    assert caught.value.failed == [0, 1, 2]
+    with pytest.raises(BindingError, match="max_message_bytes=2,?048"):
+        binding.publish(over, queue_name)
+    assert binding.depth(queue_name) == 0  # nothing was sent
+    binding.publish(small, queue_name)
+    assert must_reserve(binding, queue_name).body == small
+
+
+def test_a_body_exactly_at_the_limit_is_sent(make_binding: Factory, queue_name: str) -> None:
+    binding = make_binding(max_message_bytes=2048)
+    at_limit = body_for(queue_name, pad="x" * (2048 - len(body_for(queue_name, pad=""))))
+    if binding.name == "sqs":
+        pytest.skip("SQS counts message attributes into the limit (tested in test_sqs_binding.py)")
+    binding.publish_batch([at_limit], queue_name)
+    assert must_reserve(binding, queue_name).body == at_limit

@@ -35,6 +35,7 @@ SAMPLE_DAGS = {
     "babelqueue_dlq_replay": ["replay"],
     "babelqueue_event_triggered_triage": ["drain", "plan", "triage"],
     "babelqueue_publish_example": ["publish_lines", "publish_order", "start_trace"],
+    "babelqueue_consume_example": ["consume_orders"],
 }
 BROKERS = ["sqlite-default", "redis"]
 
@@ -276,3 +277,31 @@ def test_publish_example_dag_continues_one_trace(bag: Any, broker: dict[str, Any
         assert all(bq.check(e) is None for e in envelopes)
         assert xcom(run, "publish_order") == [envelopes[0]["meta"]["id"]]
         assert xcom(run, "publish_lines") == [e["meta"]["id"] for e in envelopes[1:]]
+
+
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
+def test_consume_example_dag_handles_quarantines_and_deduplicates(bag: Any, broker: dict[str, Any]) -> None:
+    binding, queue = broker["binding"], broker["queue"]
+    good = [bq.encode(bq.make_envelope("urn:babel:orders:created", {"order_id": "A-1", "total": 9.5},
+                                       queue_name=queue)),
+            bq.encode(bq.make_envelope("urn:babel:orders:line-added", {"order_id": "A-1", "sku": "S", "quantity": 1},
+                                       queue_name=queue))]
+    unknown = bq.encode(bq.make_envelope("urn:babel:orders:archived", {"order_id": "A-1"}, queue_name=queue))
+    poison = b"{not json"
+    binding.publish_batch([*good, unknown, poison], queue)
+    dag = bag.get_dag("babelqueue_consume_example")
+    conf = {"babelqueue_conn_id": broker["conn_id"], "queue_name": queue}
+
+    run = run_dag(dag, run_conf=conf)
+    summary = xcom(run, "consume_orders")
+    assert summary["received"] == 4 and summary["handled"] == 2
+    assert summary["dead_lettered"] == {"poison": 1, "unknown_urn": 1}
+    assert binding.depth(queue) == 0 and binding.dead_letter_depth(queue) == 2
+
+    binding.publish_batch(good, queue)  # delivered again: same bytes, same meta.id
+    again = xcom(run_dag(dag, run_conf=conf), "consume_orders")
+    assert again["received"] == 2 and again["handled"] == 0 and again["skipped_duplicates"] == 2
+
+    binding.publish_batch(good, queue)  # without the seen-set the handlers run again
+    off = xcom(run_dag(dag, run_conf={**conf, "idempotency": False}), "consume_orders")
+    assert off["handled"] == 2 and off["skipped_duplicates"] == 0

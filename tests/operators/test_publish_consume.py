@@ -80,6 +80,7 @@ def test_publish_then_consume_in_one_dag(conn_id: str) -> None:
         "skipped_duplicates": 0,
         "deleted_unknown": 0,
         "released_unknown": 0,
+        "broker_errors": 0,
         "dead_lettered": {"failed": 1},
     }
     by_id = {env["meta"]["id"]: env for env in handlers.HANDLED}

@@ -145,3 +145,61 @@ def test_rabbitmq_killed_during_a_batch_publish(rabbit_node: RabbitNode) -> None
     confirmed = set(range(count)) - set(error.failed)
     assert all(counts[bodies[i]] == 1 for i in confirmed)  # confirmed bodies were not published twice
     binding.close()
+
+
+# ------------------------------------------------------------------------------------------- consume, both brokers
+
+
+def _consume_through_an_outage(binding: Binding, queue: str, kill: Callable[[], None], restart: Callable[[], None],
+                               seen_path: Path, count: int = 300, kill_at: int = 100) -> None:
+    """A consumer with an idempotency store meets a broker killed in the middle of its run (right after the
+    ``kill_at``-th handler call, before that message's ack) and restarted from another thread."""
+    from airflow_provider_babelqueue.bindings.sql import SqlBinding, SqlConfig, sqlite_url
+    from airflow_provider_babelqueue.consumer import Consumer
+
+    bodies = bodies_for(queue, count)
+    binding.publish_batch(bodies, queue)
+    effects: list[str] = []
+    restarter: list[threading.Thread] = []
+
+    def handle(envelope: dict) -> None:
+        effects.append(envelope["meta"]["id"])
+        if len(effects) == kill_at:
+            kill()
+            restarter.append(threading.Thread(target=restart, daemon=True))
+            restarter[0].start()
+
+    store_binding = SqlBinding(SqlConfig(url=sqlite_url(seen_path)))
+    consumer = Consumer(binding, queue, {"urn:babel:orders:created": handle},
+                        idempotency=store_binding.seen_store("outage"), max_outage_seconds=120)
+    consumer.run(reserve_timeout=0.5)
+    restarter[0].join(timeout=120)
+    deadline = time.monotonic() + 30
+    while len(set(effects)) < count and time.monotonic() < deadline:  # the unacked one returns after its lease
+        consumer.run(reserve_timeout=0.5)
+        time.sleep(0.2)
+    summary = consumer.summary.as_dict()
+    ids = {bq.meta_id_of(bq.decode(body)) for body in bodies}
+    assert set(effects) == ids, f"{len(ids - set(effects))} never handled: {summary}"
+    assert len(effects) == count, "the idempotency store kept every effect to one"
+    assert summary["broker_errors"] >= 1 and summary["dead_lettered"] == {}
+    assert binding.depth(queue) == 0 and binding.dead_letter_depth(queue) == 0
+    store_binding.close()
+
+
+def test_redis_killed_during_a_consume_run(redis_node: RedisNode, tmp_path: Path) -> None:
+    binding = RedisBinding(RedisConfig(host=HOST, port=redis_node.port, socket_timeout=2, visibility_timeout=2))
+
+    def restart() -> None:
+        time.sleep(1.5)
+        redis_node.start()
+
+    _consume_through_an_outage(binding, "outage-consume", redis_node.kill, restart, tmp_path / "seen.sqlite")
+    binding.close()
+
+
+def test_rabbitmq_killed_during_a_consume_run(rabbit_node: RabbitNode, tmp_path: Path) -> None:
+    binding = RabbitMQBinding(RabbitMQConfig(host=HOST, port=rabbit_node.port, socket_timeout=3))
+    _consume_through_an_outage(binding, "outage-consume", rabbit_node.kill, rabbit_node.start,
+                               tmp_path / "seen.sqlite")
+    binding.close()
