@@ -1,5 +1,5 @@
 # The two commands: `make demo` and `make test`. Everything else is a helper they use.
-.PHONY: demo verdicts test bench bootstrap services lock lint clean
+.PHONY: demo verdicts docs test bench bootstrap services lock lint clean
 
 CONFORMANCE ?= ../shared/conformance
 
@@ -12,6 +12,10 @@ verdicts: bootstrap
 
 test:
 	bash .ci/test.sh
+
+# The documentation site, strict: a broken link, anchor or include fails the build.
+docs: bootstrap
+	.venv/bin/mkdocs build --strict
 
 bench: bootstrap
 	.venv/bin/python benchmarks/run.py

@@ -50,6 +50,13 @@ class _BrokerThread:
 class BabelQueueDepthTrigger(BaseTrigger):
     """Fires once when a queue's depth satisfies a comparison (see ``BabelQueueQueueDepthSensor``).
 
+    :param queue_name: the logical queue whose depth is watched.
+    :param babelqueue_conn_id: the BabelQueue connection; the triggerer resolves it, never the DAG parser.
+    :param which: ``ready`` (the queue) or ``dead_letter`` (its DLQ).
+    :param comparison: ``>=``, ``>``, ``<=``, ``<`` or ``==`` against ``threshold``.
+    :param threshold: the depth to compare with.
+    :param consecutive: how many observations in a row must hold, so one noisy count does not fire it.
+    :param observation_interval: seconds between those consecutive observations.
     :param poll_interval: seconds between checks; the binding's client is reused between them.
     """
 
@@ -137,6 +144,8 @@ class BabelQueueDeadLetterTrigger(BaseEventTrigger):
     That is what an event-driven DAG needs: a restarted trigger does not fire again for an old backlog.
     It keeps polling after an event, so one watcher reports every later arrival too.
 
+    :param queue_name: the logical queue whose DLQ is watched.
+    :param babelqueue_conn_id: the BabelQueue connection; the triggerer resolves it, never the DAG parser.
     :param min_count: how many (new) dead letters make an event.
     :param baseline: an explicit starting depth (the deferrable sensor passes the one it measured).
     :param since_start: without a baseline, take the first observation as the baseline; ``False`` fires as
