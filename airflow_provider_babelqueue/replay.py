@@ -20,6 +20,11 @@ remember the digests → remember the ``meta.id`` values (``remember_many``) →
 the next run (each crash can duplicate at most the batch in flight); after it, nothing is ever published
 twice. Digests go first so that a crash between the two remembers cannot leave a replayed copy whose
 ``meta.id`` is known but whose digest is not (it would be kept in the DLQ as if it had failed again).
+
+Atomic publish. When the ledger lives on the target itself (the default: ``ledger_conn_id`` defaults to the
+target connection) and the target can write both in one transaction (SQL: one database transaction; Redis:
+MULTI/EXEC), the publish and both remembers are one step (``Binding.publish_remembering``): there is no window
+left, and a crash never duplicates. RabbitMQ, SQS, Service Bus and Pulsar targets keep the window above.
 """
 
 from __future__ import annotations
@@ -489,8 +494,13 @@ class Replayer:
 
     # -- publishing
 
-    def _publish(self, queue_name: str, chunk: list[_Entry]) -> None:
+    def _publish(self, queue_name: str, chunk: list[_Entry]) -> bool:
+        """Publish a chunk; ``True`` when its ledger entries were written in the same atomic step."""
         self.pacer.wait(len(chunk))
+        if self.headers is None and self.target.publish_remembering(
+            [entry.body for entry in chunk], queue_name, self._marks(chunk)
+        ):
+            return True
         if self.headers is not None or len(chunk) == 1:
             for index, entry in enumerate(chunk):
                 try:
@@ -499,19 +509,27 @@ class Replayer:
                     if index:  # the ones before were confirmed: settle them, then fail
                         self._settle(queue_name, chunk[:index])
                     raise
-            return
+            return False
         self.target.publish_batch([entry.body for entry in chunk], queue_name)
+        return False
 
-    def _settle(self, queue_name: str, entries: list[_Entry]) -> None:
-        """After the target confirmed: remember the digests, then the meta.ids, then ack the DLQ copies. The
-        order is the guarantee (see the module docstring)."""
+    def _marks(self, entries: list[_Entry]) -> list[tuple[SeenStore, list[str]]]:
+        """The ledger writes for ``entries``, digests before meta.ids, per ledger."""
         by_ledger: dict[str, list[_Entry]] = {}
         for entry in entries:
             by_ledger.setdefault(entry.ledger, []).append(entry)
+        marks: list[tuple[SeenStore, list[str]]] = []
         for ledger, group in by_ledger.items():
             ids, digests = self._stores[ledger]
-            remember_many(digests, [entry.digest for entry in group])
-            remember_many(ids, [entry.meta_id for entry in group])
+            marks += [(digests, [entry.digest for entry in group]), (ids, [entry.meta_id for entry in group])]
+        return marks
+
+    def _settle(self, queue_name: str, entries: list[_Entry], remembered: bool = False) -> None:
+        """After the target confirmed: remember the digests, then the meta.ids (unless ``remembered`` with the
+        publish), then ack the DLQ copies. The order is the guarantee (see the module docstring)."""
+        if not remembered:
+            for store, keys in self._marks(entries):
+                remember_many(store, keys)
         messages = [entry.message for entry in entries if entry.message is not None]
         if messages:
             self.source.ack_many(messages)
@@ -528,7 +546,7 @@ class Replayer:
             while entries:
                 chunk = entries[: self.batch_size]
                 try:
-                    self._publish(queue_name, chunk)
+                    remembered = self._publish(queue_name, chunk)
                 except PublishBatchError as exc:
                     failed = set(exc.failed)
                     self._settle(queue_name, [e for i, e in enumerate(chunk) if i not in failed])
@@ -539,7 +557,7 @@ class Replayer:
                                       if i in failed and e.message is not None)
                     self._pending_count -= len(chunk)
                     raise
-                self._settle(queue_name, chunk)
+                self._settle(queue_name, chunk, remembered)
                 del entries[: len(chunk)]
                 self._pending_count -= len(chunk)
             del self._pending[queue_name]

@@ -313,6 +313,20 @@ class Binding(abc.ABC):
             "connection for it"
         )
 
+    def publish_remembering(self, bodies: Sequence[bytes], queue_name: str,
+                            marks: Sequence[tuple[SeenStore, Sequence[str]]]) -> bool:
+        """Publish ``bodies`` as one batch *and* add each mark's keys to its seen store in one atomic step: both
+        happen or neither. A replay uses it so that a crash between "published" and "remembered" cannot exist,
+        and a re-run can never publish a message twice.
+
+        Possible only when every store lives on this binding (the same database or Redis server); otherwise,
+        and on brokers without transactions, this returns ``False`` having done nothing, and the caller
+        publishes and remembers in two steps.
+
+        :raises PublishBatchError: nothing was stored (every index is listed).
+        """
+        return False
+
     def ping(self) -> None:
         """Reach the broker once (used by hooks' ``test_connection``); raises :class:`BindingError`."""
         self.depth("babelqueue-ping")

@@ -44,6 +44,7 @@ from .base import (
 __all__ = ["RedisBinding", "RedisConfig"]
 
 if TYPE_CHECKING:
+    from ..idempotency import SeenStore
     from .stores import RedisSeenStore
 
 logger = logging.getLogger(__name__)
@@ -306,6 +307,31 @@ class RedisBinding(Binding):
             except BindingError as exc:
                 raise PublishBatchError(f"{exc}; {start} of {len(bodies)} bodies were delivered",
                                         range(start, len(bodies))) from exc
+
+    def publish_remembering(self, bodies: Sequence[bytes], queue_name: str,
+                            marks: Sequence[tuple[SeenStore, Sequence[str]]]) -> bool:
+        """The RPUSHes and the marks' SADDs in one MULTI/EXEC transaction, when every store is a seen set of this
+        binding (see :meth:`Binding.publish_remembering`). A connection lost before EXEC applies nothing; after
+        it, everything (a lost reply then reports a failure for a batch that landed with its marks, which a
+        re-run recognises)."""
+        from .stores import RedisSeenStore
+
+        if not bodies or not all(isinstance(store, RedisSeenStore) and store.binding is self for store, _ in marks):
+            return False
+        key = self._key(queue_name)
+        check_sizes(bodies, self.config.max_message_bytes, f"Redis list {key!r}", "Redis's proto-max-bulk-len")
+        try:
+            with self._guard("publish a batch and remember it", key):
+                pipe = self.client.pipeline(transaction=True)
+                for start in range(0, len(bodies), _CHUNK):
+                    pipe.rpush(key, *(bytes(b) for b in bodies[start:start + _CHUNK]))
+                for store, keys in marks:
+                    store.queue_adds(pipe, keys)
+                pipe.execute()
+        except BindingError as exc:
+            raise PublishBatchError(f"{exc}; the transaction stored all of the {len(bodies)} bodies or none",
+                                    range(len(bodies))) from exc
+        return True
 
     def reserve(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
         return self._take(queue_name, self._key(queue_name), timeout, dead=False)

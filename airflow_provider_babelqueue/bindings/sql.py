@@ -44,6 +44,7 @@ from .base import (
 __all__ = ["SqlBinding", "SqlConfig", "sqlite_url"]
 
 if TYPE_CHECKING:
+    from ..idempotency import SeenStore
     from .stores import SqlSeenStore
 
 #: At most 40 characters: PostgreSQL truncates identifiers at 63 bytes and ``<table>_failed_queue_idx`` is longest.
@@ -360,6 +361,29 @@ class SqlBinding(Binding):
                     conn.execute(sa.insert(self._ready), rows[start : start + _BATCH_CHUNK])
         except BindingError as exc:
             raise PublishBatchError(f"{exc} (the transaction rolled back: none was stored)", range(len(rows))) from exc
+
+    def publish_remembering(self, bodies: Sequence[bytes], queue_name: str,
+                            marks: Sequence[tuple[SeenStore, Sequence[str]]]) -> bool:
+        """The batch's rows and the marks' seen rows in one transaction, when every store is a seen table of this
+        binding's database (see :meth:`Binding.publish_remembering`)."""
+        from .stores import SqlSeenStore
+
+        if not bodies or not all(isinstance(store, SqlSeenStore) and store.binding is self for store, _ in marks):
+            return False
+        check_sizes(bodies, self.config.max_message_bytes, f"{self.config.table} ({queue_name!r})")
+        for store, _ in marks:
+            store.ensure()
+        now = time.time()
+        rows = [self._row(body, queue_name, now) for body in bodies]
+        try:
+            with self._guard("publish a batch and remember it", queue_name), self._write() as conn:
+                for start in range(0, len(rows), _BATCH_CHUNK):
+                    conn.execute(sa.insert(self._ready), rows[start : start + _BATCH_CHUNK])
+                for store, keys in marks:
+                    store.insert_keys(conn, keys)
+        except BindingError as exc:
+            raise PublishBatchError(f"{exc} (the transaction rolled back: none was stored)", range(len(rows))) from exc
+        return True
 
     def reserve(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
         taken = self._take(queue_name, timeout, dead=False)

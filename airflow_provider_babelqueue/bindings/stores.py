@@ -85,29 +85,38 @@ class SqlSeenStore:
         return found
 
     def remember_many(self, keys: Iterable[str]) -> None:
-        """Remember every key in one transaction: a multi-row INSERT ... ON CONFLICT DO NOTHING per 500 keys on
-        PostgreSQL and SQLite; elsewhere the keys already there are selected first and the rest inserted."""
-        self._ensure()
-        chunks = list(_chunks(keys, _SQL_CHUNK))
-        if not chunks:
+        """Remember every key in one transaction (see :meth:`insert_keys`)."""
+        keys = list(keys)
+        if not keys:
             return
-        now = time.time()
+        self._ensure()
         with self.binding._guard("write the idempotency table", None), self.binding._write() as conn:
-            dialect = conn.dialect.name
-            for chunk in chunks:
-                rows = [{"store": self.name, "key": key, "seen_at": now} for key in chunk]
-                statement: Any
-                if dialect in ("postgresql", "sqlite"):  # imported here: the dialect modules are heavy
-                    insert = importlib.import_module(f"sqlalchemy.dialects.{dialect}").insert
-                    statement = insert(self.table).on_conflict_do_nothing(index_elements=["store", "key"])
-                else:
-                    query = sa.select(self.table.c.key).where(self.table.c.store == self.name,
-                                                              self.table.c.key.in_(chunk))
-                    there = set(conn.execute(query).scalars())
-                    rows = [row for row in rows if row["key"] not in there]
-                    statement = self.table.insert()
-                if rows:
-                    conn.execute(statement, rows)
+            self.insert_keys(conn, keys)
+
+    def insert_keys(self, conn: Any, keys: Iterable[str]) -> None:
+        """Add ``keys`` inside the caller's transaction ``conn`` (the table must exist: :meth:`ensure`): a
+        multi-row INSERT ... ON CONFLICT DO NOTHING per 500 keys on PostgreSQL and SQLite; elsewhere the keys
+        already there are selected first and the rest inserted."""
+        now = time.time()
+        dialect = conn.dialect.name
+        for chunk in _chunks(keys, _SQL_CHUNK):
+            rows = [{"store": self.name, "key": key, "seen_at": now} for key in chunk]
+            statement: Any
+            if dialect in ("postgresql", "sqlite"):  # imported here: the dialect modules are heavy
+                insert = importlib.import_module(f"sqlalchemy.dialects.{dialect}").insert
+                statement = insert(self.table).on_conflict_do_nothing(index_elements=["store", "key"])
+            else:
+                query = sa.select(self.table.c.key).where(self.table.c.store == self.name,
+                                                          self.table.c.key.in_(chunk))
+                there = set(conn.execute(query).scalars())
+                rows = [row for row in rows if row["key"] not in there]
+                statement = self.table.insert()
+            if rows:
+                conn.execute(statement, rows)
+
+    def ensure(self) -> None:
+        """Create the table if needed (before a transaction that writes it)."""
+        self._ensure()
 
     def forget(self, key: str) -> None:
         self._ensure()
@@ -152,8 +161,12 @@ class RedisSeenStore:
     def remember_many(self, keys: Iterable[str]) -> None:
         """One variadic SADD per 5000 keys."""
         with self.binding._guard("SADD", self.key):
-            for chunk in _chunks(keys, _REDIS_CHUNK):
-                self.binding.client.sadd(self.key, *chunk)
+            self.queue_adds(self.binding.client, keys)
+
+    def queue_adds(self, client: Any, keys: Iterable[str]) -> None:
+        """The SADDs for ``keys`` on ``client``, which may be a MULTI pipeline the caller executes."""
+        for chunk in _chunks(keys, _REDIS_CHUNK):
+            client.sadd(self.key, *chunk)
 
     def forget(self, key: str) -> None:
         with self.binding._guard("SREM", self.key):
