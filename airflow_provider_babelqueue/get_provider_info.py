@@ -89,6 +89,11 @@ def get_provider_info() -> dict[str, Any]:
                         "description": "An unacked reservation returns to the queue after this many seconds",
                         "schema": {"type": ["number", "null"], "default": 300},
                     },
+                    "max_message_bytes": {
+                        "label": "Max message bytes",
+                        "description": "Larger bodies are refused before the INSERT (SQLite's limit is 10^9 bytes)",
+                        "schema": {"type": ["integer", "null"], "default": 1000000000, "minimum": 1},
+                    },
                     "sslmode": {
                         "label": "PostgreSQL sslmode",
                         "description": "libpq sslmode: disable, require, verify-ca or verify-full",
@@ -130,6 +135,11 @@ def get_provider_info() -> dict[str, Any]:
                         "description": "A reservation left by a crashed consumer returns to the queue after this",
                         "schema": {"type": ["number", "null"], "default": 300},
                     },
+                    "max_message_bytes": {
+                        "label": "Max message bytes",
+                        "description": "Refused before sending when larger; Redis allows 512 MiB",
+                        "schema": {"type": ["integer", "null"], "default": 536870912, "minimum": 1},
+                    },
                 },
             },
             {
@@ -163,6 +173,11 @@ def get_provider_info() -> dict[str, Any]:
                         "label": "Heartbeat (s)",
                         "description": "Empty: the broker's (60); 0 turns heartbeats off",
                         "schema": {"type": ["integer", "null"], "minimum": 0},
+                    },
+                    "max_message_bytes": {
+                        "label": "Max message bytes",
+                        "description": "Refused before sending when larger; RabbitMQ allows 128 MiB",
+                        "schema": {"type": ["integer", "null"], "default": 134217728, "minimum": 1},
                     },
                 },
             },

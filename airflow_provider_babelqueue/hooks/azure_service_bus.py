@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 from airflow.sdk import Connection
 
 from ..bindings.base import Binding
-from .base import BabelQueueHook, ConnectionConfigError, as_bool, as_float
+from .base import BabelQueueHook, ConnectionConfigError, as_bool, as_float, as_int
 
 __all__ = ["BabelQueueAzureServiceBusHook"]
 
@@ -60,10 +60,7 @@ class BabelQueueAzureServiceBusHook(BabelQueueHook):
             if name in extras:
                 options[name] = as_float(extras[name], name)
         if "max_delivery_count" in extras:
-            number = as_float(extras["max_delivery_count"], "max_delivery_count")
-            if not number.is_integer():
-                raise ConnectionConfigError(f"extra 'max_delivery_count' must be a whole number, got {number!r}")
-            options["max_delivery_count"] = int(number)
+            options["max_delivery_count"] = as_int(extras["max_delivery_count"], "max_delivery_count")
         try:
             config = AzureServiceBusConfig(**options)
         except ValueError as exc:

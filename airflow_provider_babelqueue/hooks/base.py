@@ -23,7 +23,7 @@ from airflow.sdk import BaseHook, Connection
 
 from ..bindings.base import Binding
 
-__all__ = ["BabelQueueHook", "ConnectionConfigError", "as_bool", "as_float", "connection_secrets", "scrub"]
+__all__ = ["BabelQueueHook", "ConnectionConfigError", "as_bool", "as_float", "as_int", "connection_secrets", "scrub"]
 
 #: Extra names whose values are secrets (the same words Airflow's masker treats as sensitive, and SAS).
 _SECRET_NAME = re.compile(r"(?i)passw(?:or)?d|secret|token|api_?key|private_key|credential|signature")
@@ -57,6 +57,14 @@ def as_float(value: Any, field: str) -> float:
     if number < 0:
         raise ConnectionConfigError(f"extra {field!r} must not be negative, got {value!r}")
     return number
+
+
+def as_int(value: Any, field: str) -> int:
+    """A whole number >= 0 from an extra (a JSON number or its text), or an error naming the extra."""
+    number = as_float(value, field)
+    if not number.is_integer():
+        raise ConnectionConfigError(f"extra {field!r} must be a whole number, got {value!r}")
+    return int(number)
 
 
 def _url_password(text: str) -> str | None:

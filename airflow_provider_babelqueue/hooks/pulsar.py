@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 from airflow.sdk import Connection
 
 from ..bindings.base import Binding
-from .base import BabelQueueHook, ConnectionConfigError, as_bool, as_float
+from .base import BabelQueueHook, ConnectionConfigError, as_bool, as_float, as_int
 
 __all__ = ["BabelQueuePulsarHook"]
 
@@ -89,10 +89,7 @@ class BabelQueuePulsarHook(BabelQueueHook):
                 options[name] = as_float(extras[name], name)
         for name in ("receiver_queue_size", "max_message_bytes", "operation_timeout_seconds"):
             if name in extras:
-                number = as_float(extras[name], name)
-                if not number.is_integer():
-                    raise ConnectionConfigError(f"extra {name!r} must be a whole number, got {extras[name]!r}")
-                options[name] = int(number)
+                options[name] = as_int(extras[name], name)
         try:
             config = PulsarConfig(**options)
         except ValueError as exc:

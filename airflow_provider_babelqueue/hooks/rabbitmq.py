@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 from airflow.sdk import Connection
 
 from ..bindings.base import Binding
-from .base import BabelQueueHook, ConnectionConfigError, as_bool, as_float
+from .base import BabelQueueHook, ConnectionConfigError, as_bool, as_float, as_int
 
 __all__ = ["BabelQueueRabbitMQHook"]
 
@@ -30,6 +30,7 @@ class BabelQueueRabbitMQHook(BabelQueueHook):
         "declare_queues",
         "publisher_confirms",
         "heartbeat",
+        "max_message_bytes",
     )
 
     def build_binding(self, connection: Connection, extras: dict[str, Any]) -> Binding:
@@ -55,6 +56,8 @@ class BabelQueueRabbitMQHook(BabelQueueHook):
             if heartbeat != int(heartbeat):
                 raise ConnectionConfigError(f"extra 'heartbeat' must be whole seconds, got {extras['heartbeat']!r}")
             options["heartbeat"] = int(heartbeat)
+        if "max_message_bytes" in extras:
+            options["max_message_bytes"] = as_int(extras["max_message_bytes"], "max_message_bytes")
         try:
             config = RabbitMQConfig(**options)
         except ValueError as exc:

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 from airflow.sdk import Connection
 
 from ..bindings.base import Binding
-from .base import BabelQueueHook, ConnectionConfigError, as_bool, as_float
+from .base import BabelQueueHook, ConnectionConfigError, as_bool, as_float, as_int
 
 __all__ = ["BabelQueueRedisHook"]
 
@@ -29,6 +29,7 @@ class BabelQueueRedisHook(BabelQueueHook):
         "key_prefix",
         "dead_letter_suffix",
         "visibility_timeout",
+        "max_message_bytes",
     )
 
     def build_binding(self, connection: Connection, extras: dict[str, Any]) -> Binding:
@@ -51,6 +52,8 @@ class BabelQueueRedisHook(BabelQueueHook):
                 options[name] = str(extras[name])
         if "visibility_timeout" in extras:
             options["visibility_timeout"] = as_float(extras["visibility_timeout"], "visibility_timeout")
+        if "max_message_bytes" in extras:
+            options["max_message_bytes"] = as_int(extras["max_message_bytes"], "max_message_bytes")
         return RedisBinding(RedisConfig(**options))
 
     def describe(self, connection: Connection) -> str:

@@ -8,7 +8,7 @@ from urllib.parse import quote, urlencode
 from airflow.sdk import Connection
 
 from ..bindings.base import Binding
-from .base import BabelQueueHook, ConnectionConfigError, as_float
+from .base import BabelQueueHook, ConnectionConfigError, as_float, as_int
 
 __all__ = ["BabelQueueSqlHook", "sql_url"]
 
@@ -61,7 +61,7 @@ class BabelQueueSqlHook(BabelQueueHook):
     conn_type: ClassVar[str] = "babelqueue_sql"
     hook_name: ClassVar[str] = "BabelQueue SQL"
     extra_fields: ClassVar[tuple[str, ...]] = ("dialect", "sqlalchemy_url", "table", "visibility_timeout",
-                                               *_TLS_EXTRAS)
+                                               "max_message_bytes", *_TLS_EXTRAS)
 
     def build_binding(self, connection: Connection, extras: dict[str, Any]) -> Binding:
         from ..bindings.sql import SqlBinding, SqlConfig
@@ -71,6 +71,8 @@ class BabelQueueSqlHook(BabelQueueHook):
             options["table"] = str(extras["table"])
         if "visibility_timeout" in extras:
             options["visibility_timeout"] = as_float(extras["visibility_timeout"], "visibility_timeout")
+        if "max_message_bytes" in extras:
+            options["max_message_bytes"] = as_int(extras["max_message_bytes"], "max_message_bytes")
         return SqlBinding(SqlConfig(**options))
 
     def describe(self, connection: Connection) -> str:

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 from airflow.sdk import Connection
 
 from ..bindings.base import Binding
-from .base import BabelQueueHook, ConnectionConfigError, as_bool, as_float
+from .base import BabelQueueHook, ConnectionConfigError, as_bool, as_float, as_int
 
 __all__ = ["BabelQueueSqsHook"]
 
@@ -59,10 +59,7 @@ class BabelQueueSqsHook(BabelQueueHook):
                 options[name] = as_bool(extras[name], name)
         for name in ("max_message_bytes", "wait_time_seconds"):
             if name in extras:
-                number = as_float(extras[name], name)
-                if not number.is_integer():
-                    raise ConnectionConfigError(f"extra {name!r} must be a whole number, got {extras[name]!r}")
-                options[name] = int(number)
+                options[name] = as_int(extras[name], name)
         if "visibility_timeout" in extras:
             options["visibility_timeout"] = as_float(extras["visibility_timeout"], "visibility_timeout")
         try:

@@ -205,3 +205,28 @@ def test_postgresql_tls_extras_reach_libpq(monkeypatch: pytest.MonkeyPatch) -> N
     url = sql_url(Connection(conn_id="x", conn_type="babelqueue_sql", host="db", login="u", schema="d"),
                   {"dialect": "postgresql", "sslmode": "verify-full", "sslrootcert": "/etc/ca b.pem", "sslkey": ""})
     assert url == "postgresql+psycopg2://u@db/d?sslmode=verify-full&sslrootcert=%2Fetc%2Fca+b.pem"
+
+
+@pytest.mark.parametrize(
+    ("spec", "kind"),
+    [
+        ({"conn_type": "babelqueue_redis", "host": "127.0.0.1", "port": 6379}, "redis"),
+        ({"conn_type": "babelqueue_rabbitmq", "host": "127.0.0.1", "port": 5672}, "rabbitmq"),
+        ({"conn_type": "babelqueue_sql"}, "sql"),
+    ],
+    ids=["redis", "rabbitmq", "sql"],
+)
+def test_max_message_bytes_extra_reaches_the_binding(monkeypatch: pytest.MonkeyPatch, spec: dict, kind: str,
+                                                     tmp_path: Path) -> None:
+    if kind == "sql":
+        spec = spec | {"host": str(tmp_path / "q.sqlite")}
+    hook = get_hook(define(monkeypatch, "bq_limit", spec | {"extra": {"max_message_bytes": "4096"}}))
+    binding = hook.get_binding()
+    assert binding.config.max_message_bytes == 4096
+    big = bq.encode(bq.make_envelope("urn:babel:orders:created", {"pad": "x" * 5000}, queue_name="limits"))
+    with pytest.raises(BindingError, match="max_message_bytes=4,096"):
+        binding.publish(big, f"limits-{uuid.uuid4().hex[:6]}")
+    hook.close()
+    bad = get_hook(define(monkeypatch, "bq_limit_bad", spec | {"extra": {"max_message_bytes": "1.5k"}}))
+    with pytest.raises(ConnectionConfigError, match="'max_message_bytes' must be a number"):
+        bad.get_binding()
