@@ -19,6 +19,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -124,9 +125,12 @@ def summarize(output_root: Path, *, log: Any = print) -> dict[str, Any]:
     targets = ", ".join(f"{queue}: {count}" for queue, count in replay["targets"].items()) or "nothing"
     log(f"replay set (reasons {replay['policy'].get('reasons')}): {replay['lines']} message(s) → {targets}; "
         "not republished (dry_run is on by default).")
+    env = " ".join(f"{name}={shlex.quote(os.environ[name])}" for name in ("AIRFLOW_HOME", "AIRFLOW__CORE__DAGS_FOLDER")
+                   if os.environ.get(name))
+    airflow = shlex.quote(str(Path(sys.executable).parent / "airflow"))
     for queue, path in sorted(replay["paths"].items()):
         conf = json.dumps({"replay_set": path, "queue_name": "", "target_queue_name": queue, "dry_run": False})
-        log(f"to replay them:  airflow dags test babelqueue_dlq_replay -c '{conf}'")
+        log(f"to replay them:\n  {env} {airflow} dags test babelqueue_dlq_replay -c {shlex.quote(conf)}")
     return {"triage": triage, "replay": replay, "run": str(run)}
 
 

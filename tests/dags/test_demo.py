@@ -61,6 +61,17 @@ def test_demo_runs_the_triage_dag_and_reruns_from_scratch(tmp_path: Path) -> Non
     readme = (ROOT / "README.md").read_text()
     assert "\n".join(table) in readme, "README's first section must show the demo's summary table"
 
+    # The printed replay command works as printed (its own environment included): the 10 failures go back.
+    replay_command = out.split("to replay them:\n", 1)[1].splitlines()[0].strip()
+    replayed = subprocess.run(replay_command, shell=True, env={**env, "AIRFLOW_HOME": "/nonexistent"},  # noqa: S602
+                              capture_output=True, text=True, timeout=300, check=False)
+    assert replayed.returncode == 0, replayed.stdout[-3000:] + replayed.stderr[-3000:]
+    from airflow_provider_babelqueue.bindings.sql import SqlBinding, SqlConfig, sqlite_url
+
+    queue = SqlBinding(SqlConfig(url=sqlite_url(home / "babelqueue.sqlite")))
+    assert queue.depth("orders") == 10
+    queue.close()
+
     again = subprocess.run([*command, "--skip-dag"], env=env, capture_output=True, text=True, timeout=300,
                            check=False)
     assert again.returncode == 0, again.stderr[-3000:]
