@@ -125,6 +125,7 @@ def test_every_block_has_an_owner() -> None:
     assert not unknown, f"conformance blocks with no owner in this project: {unknown}"
 
 
-@pytest.mark.parametrize("block", [b for b, o in BLOCK_OWNERS.items() if o.startswith("pending")])
-def test_pending_broker_blocks(block: str) -> None:
-    pytest.skip(f"{block}: {BLOCK_OWNERS[block]}")
+def test_no_block_is_pending() -> None:
+    """Every broker block is owned by a test module (or not applicable): none is left for later."""
+    pending = {block: owner for block, owner in BLOCK_OWNERS.items() if owner.startswith("pending")}
+    assert not pending, f"conformance blocks still pending: {pending}"
