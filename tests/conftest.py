@@ -45,6 +45,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def take_all(binding: Any, queue_name: str, timeout: float = 0.0) -> list[bytes]:
+    """Consume everything on ``queue_name`` (reserve + ack): the bodies, in order. Each reserve waits up to
+    ``timeout`` seconds, for brokers that deliver a moment after a publish or a restart."""
+    bodies = []
+    while (message := binding.reserve(queue_name, timeout=timeout)) is not None:
+        bodies.append(message.body)
+        binding.ack(message)
+    return bodies
+
+
 def compact(value: Any) -> bytes:
     """The compact form every SDK writes: what a fixture looks like on the wire."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()

@@ -49,6 +49,7 @@ __all__ = [
     "redact_url",
     "require_extra",
     "scrub_url_password",
+    "url_password",
 ]
 
 
@@ -131,6 +132,19 @@ def parse_body(body: bytes) -> tuple[dict[str, Any] | None, str | None, int]:
     return env, None, attempts if attempts.__class__ is int and attempts >= 0 else 0
 
 
+def url_password(url: str | None) -> str | None:
+    """The password in a URL's userinfo, percent-decoded, or ``None`` (no URL, no password, unparsable)."""
+    from urllib.parse import unquote, urlsplit
+
+    if not url or "://" not in url or "@" not in url:
+        return None
+    try:
+        password = urlsplit(url.strip()).password
+    except ValueError:
+        return None
+    return unquote(password) if password else None
+
+
 def redact_url(url: str) -> str:
     """``url`` with the password in its userinfo replaced by ``***`` (``http://u:***@host``), for messages: an
     endpoint URL may carry credentials that no log masker knows about."""
@@ -147,14 +161,15 @@ def redact_url(url: str) -> str:
 
 
 def scrub_url_password(text: str, url: str | None) -> str:
-    """``text`` with the password of ``url``'s userinfo (if any) replaced by ``***``."""
-    from urllib.parse import urlsplit
+    """``text`` with the password of ``url``'s userinfo (if any), as written and decoded, replaced by ``***``."""
+    from urllib.parse import quote
 
-    try:
-        password = urlsplit(url).password if url else None
-    except ValueError:
-        password = None
-    return text.replace(password, "***") if password else text
+    password = url_password(url)
+    if not password:
+        return text
+    for form in dict.fromkeys((password, quote(password, safe=""))):
+        text = text.replace(form, "***")
+    return text
 
 
 def check_sizes(bodies: Sequence[bytes], limit: int | None, where: str, why: str = "") -> None:

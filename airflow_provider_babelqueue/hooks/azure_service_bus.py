@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 from airflow.sdk import Connection
 
 from ..bindings.base import Binding
-from .base import BabelQueueHook, ConnectionConfigError, as_bool, as_float, as_int
+from .base import BabelQueueHook, ConnectionConfigError, as_bool, as_float, as_int, make_config
 
 __all__ = ["BabelQueueAzureServiceBusHook"]
 
@@ -61,10 +61,7 @@ class BabelQueueAzureServiceBusHook(BabelQueueHook):
                 options[name] = as_float(extras[name], name)
         if "max_delivery_count" in extras:
             options["max_delivery_count"] = as_int(extras["max_delivery_count"], "max_delivery_count")
-        try:
-            config = AzureServiceBusConfig(**options)
-        except ValueError as exc:
-            raise ConnectionConfigError(f"connection {connection.conn_id!r}: {exc}") from None
+        config = make_config(AzureServiceBusConfig, connection, options)
         return AzureServiceBusBinding(config)
 
     def describe(self, connection: Connection) -> str:

@@ -15,15 +15,24 @@ from __future__ import annotations
 
 import abc
 import re
-from collections.abc import Iterable, Mapping
-from typing import Any, ClassVar
-from urllib.parse import quote, quote_plus, unquote, urlsplit
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar, TypeVar
+from urllib.parse import quote, quote_plus
 
 from airflow.sdk import BaseHook, Connection
 
-from ..bindings.base import Binding
+from ..bindings.base import Binding, url_password
 
-__all__ = ["BabelQueueHook", "ConnectionConfigError", "as_bool", "as_float", "as_int", "connection_secrets", "scrub"]
+__all__ = [
+    "BabelQueueHook",
+    "ConnectionConfigError",
+    "as_bool",
+    "as_float",
+    "as_int",
+    "connection_secrets",
+    "make_config",
+    "scrub",
+]
 
 #: Extra names whose values are secrets (the same words Airflow's masker treats as sensitive, and SAS).
 _SECRET_NAME = re.compile(r"(?i)passw(?:or)?d|secret|token|api_?key|private_key|credential|signature")
@@ -33,6 +42,9 @@ _SECRET_SEGMENT = re.compile(
 )
 #: Shorter strings are not scrubbed from messages: a one-letter password would garble every message.
 _MIN_SCRUBBED = 4
+
+
+T = TypeVar("T")
 
 
 class ConnectionConfigError(ValueError):
@@ -67,14 +79,13 @@ def as_int(value: Any, field: str) -> int:
     return int(number)
 
 
-def _url_password(text: str) -> str | None:
-    if "://" not in text or "@" not in text:
-        return None
+def make_config(config_class: Callable[..., T], connection: Connection, options: Mapping[str, Any]) -> T:
+    """``config_class(**options)``; a value the config refuses becomes a :class:`ConnectionConfigError` that
+    names the connection, so the UI and the task log say which connection to fix."""
     try:
-        password = urlsplit(text.strip()).password
-    except ValueError:
-        return None
-    return unquote(password) if password else None
+        return config_class(**options)
+    except ValueError as exc:
+        raise ConnectionConfigError(f"connection {connection.conn_id!r}: {exc}") from None
 
 
 def connection_secrets(connection: Connection | None, extras: Mapping[str, Any] | None = None) -> list[str]:
@@ -93,13 +104,13 @@ def connection_secrets(connection: Connection | None, extras: Mapping[str, Any] 
     if password:
         values.append(password)
         values.extend(match.group(2).strip() for match in _SECRET_SEGMENT.finditer(password))
-        values.append(_url_password(password) or "")
-    values.append(_url_password(connection.host or "") or "")
+        values.append(url_password(password) or "")
+    values.append(url_password(connection.host or "") or "")
     for name, value in (extras or {}).items():
         if isinstance(value, str):
             if _SECRET_NAME.search(name):
                 values.append(value)
-            values.append(_url_password(value) or "")
+            values.append(url_password(value) or "")
     return sorted({value for value in values if len(value) >= _MIN_SCRUBBED}, key=len, reverse=True)
 
 

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 from airflow.sdk import Connection
 
 from ..bindings.base import Binding
-from .base import BabelQueueHook, ConnectionConfigError, as_bool, as_float, as_int
+from .base import BabelQueueHook, as_bool, as_float, as_int, make_config
 
 __all__ = ["BabelQueuePulsarHook"]
 
@@ -90,10 +90,7 @@ class BabelQueuePulsarHook(BabelQueueHook):
         for name in ("receiver_queue_size", "max_message_bytes", "operation_timeout_seconds"):
             if name in extras:
                 options[name] = as_int(extras[name], name)
-        try:
-            config = PulsarConfig(**options)
-        except ValueError as exc:
-            raise ConnectionConfigError(f"connection {connection.conn_id!r}: {exc}") from None
+        config = make_config(PulsarConfig, connection, options)
         return PulsarBinding(config, client_factory=self.client_factory)
 
     def describe(self, connection: Connection) -> str:

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 from airflow.sdk import Connection
 
 from ..bindings.base import Binding
-from .base import BabelQueueHook, ConnectionConfigError, as_bool, as_float, as_int
+from .base import BabelQueueHook, ConnectionConfigError, as_bool, as_float, as_int, make_config
 
 __all__ = ["BabelQueueRabbitMQHook"]
 
@@ -58,10 +58,7 @@ class BabelQueueRabbitMQHook(BabelQueueHook):
             options["heartbeat"] = int(heartbeat)
         if "max_message_bytes" in extras:
             options["max_message_bytes"] = as_int(extras["max_message_bytes"], "max_message_bytes")
-        try:
-            config = RabbitMQConfig(**options)
-        except ValueError as exc:
-            raise ConnectionConfigError(str(exc)) from None
+        config = make_config(RabbitMQConfig, connection, options)
         return RabbitMQBinding(config)
 
     def describe(self, connection: Connection) -> str:

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 from airflow.sdk import Connection
 
 from ..bindings.base import Binding
-from .base import BabelQueueHook, ConnectionConfigError, as_bool, as_float, as_int
+from .base import BabelQueueHook, ConnectionConfigError, as_bool, as_float, as_int, make_config
 
 __all__ = ["BabelQueueRedisHook"]
 
@@ -54,7 +54,7 @@ class BabelQueueRedisHook(BabelQueueHook):
             options["visibility_timeout"] = as_float(extras["visibility_timeout"], "visibility_timeout")
         if "max_message_bytes" in extras:
             options["max_message_bytes"] = as_int(extras["max_message_bytes"], "max_message_bytes")
-        return RedisBinding(RedisConfig(**options))
+        return RedisBinding(make_config(RedisConfig, connection, options))
 
     def describe(self, connection: Connection) -> str:
         return f"{connection.host or '127.0.0.1'}:{connection.port or 6379}"

@@ -8,7 +8,7 @@ from urllib.parse import quote, urlencode
 from airflow.sdk import Connection
 
 from ..bindings.base import Binding
-from .base import BabelQueueHook, ConnectionConfigError, as_float, as_int
+from .base import BabelQueueHook, ConnectionConfigError, as_float, as_int, make_config
 
 __all__ = ["BabelQueueSqlHook", "sql_url"]
 
@@ -73,7 +73,7 @@ class BabelQueueSqlHook(BabelQueueHook):
             options["visibility_timeout"] = as_float(extras["visibility_timeout"], "visibility_timeout")
         if "max_message_bytes" in extras:
             options["max_message_bytes"] = as_int(extras["max_message_bytes"], "max_message_bytes")
-        return SqlBinding(SqlConfig(**options))
+        return SqlBinding(make_config(SqlConfig, connection, options))
 
     def describe(self, connection: Connection) -> str:
         extras = self.extras(connection)

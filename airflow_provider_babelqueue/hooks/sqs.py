@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 from airflow.sdk import Connection
 
 from ..bindings.base import Binding
-from .base import BabelQueueHook, ConnectionConfigError, as_bool, as_float, as_int
+from .base import BabelQueueHook, ConnectionConfigError, as_bool, as_float, as_int, make_config
 
 __all__ = ["BabelQueueSqsHook"]
 
@@ -62,10 +62,7 @@ class BabelQueueSqsHook(BabelQueueHook):
                 options[name] = as_int(extras[name], name)
         if "visibility_timeout" in extras:
             options["visibility_timeout"] = as_float(extras["visibility_timeout"], "visibility_timeout")
-        try:
-            config = SqsConfig(**options)
-        except ValueError as exc:
-            raise ConnectionConfigError(f"connection {connection.conn_id!r}: {exc}") from None
+        config = make_config(SqsConfig, connection, options)
         return SqsBinding(config)
 
     def describe(self, connection: Connection) -> str:

@@ -11,18 +11,11 @@ import pytest
 from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.bindings.base import Binding, BindingError, PublishBatchError
 from tests.bindings.conftest import Factory
+from tests.conftest import take_all
 
 
 def bodies_for(queue: str, count: int) -> list[bytes]:
     return [bq.encode(bq.make_envelope("urn:babel:orders:created", {"n": n}, queue_name=queue)) for n in range(count)]
-
-
-def take_all(binding: Binding, queue: str) -> list[bytes]:
-    out = []
-    while (message := binding.reserve(queue, timeout=0.1)) is not None:
-        out.append(message.body)
-        binding.ack(message)
-    return out
 
 
 ATOMIC = ["sql-sqlite", "sql-postgresql", "redis"]
@@ -39,7 +32,7 @@ def test_the_batch_and_its_marks_land_together(atomic: Binding, queue_name: str)
     bodies = bodies_for(queue_name, 1203)  # more than one RPUSH / INSERT chunk
     keys = [f"id-{n}" for n in range(1203)]
     assert atomic.publish_remembering(bodies, queue_name, [(copies, ["d1", "d2"]), (ids, keys)]) is True
-    assert take_all(atomic, queue_name) == bodies
+    assert take_all(atomic, queue_name, timeout=0.1) == bodies
     assert ids.seen_many(keys) == set(keys) and copies.seen_many(["d1", "d2", "d3"]) == {"d1", "d2"}
 
 

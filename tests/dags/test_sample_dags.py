@@ -25,6 +25,7 @@ from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.bindings.base import Binding
 from airflow_provider_babelqueue.hooks import get_hook
 from tests.airflow_harness import run_dag, task_states, xcom
+from tests.conftest import take_all
 
 ROOT = Path(__file__).resolve().parents[2]
 DAGS = ROOT / "dags"
@@ -143,14 +144,6 @@ def seed(binding: Binding, queue: str) -> None:
     summary = demo.seed(binding, queue, log=lambda *_: None)
     assert summary["dead_lettered"] == demo.expected_reasons()
     assert binding.dead_letter_depth(queue) == sum(demo.expected_reasons().values()) == 15
-
-
-def take_all(binding: Binding, queue: str) -> list[bytes]:
-    bodies = []
-    while (message := binding.reserve(queue)) is not None:
-        bodies.append(message.body)
-        binding.ack(message)
-    return bodies
 
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:

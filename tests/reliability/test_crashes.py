@@ -36,6 +36,7 @@ from airflow_provider_babelqueue import replay as replay_engine
 from airflow_provider_babelqueue.bindings.base import Binding
 from airflow_provider_babelqueue.bindings.sql import sqlite_url
 from airflow_provider_babelqueue.drain import DrainSource, LocalFileSink, drain_dead_letters, record_body
+from tests.conftest import take_all
 from tests.reliability.crash_child import make_binding
 
 pytestmark = pytest.mark.slow
@@ -141,15 +142,6 @@ def read_staging(path: Path) -> list[bytes]:
     return bodies
 
 
-def take_all(binding: Binding, queue: str) -> list[bytes]:
-    """Consume everything on ``queue``: the bodies, in order."""
-    out = []
-    while (message := binding.reserve(queue, timeout=0.05)) is not None:
-        out.append(message.body)
-        binding.ack(message)
-    return out
-
-
 @pytest.fixture
 def brokers(tmp_path: Path) -> Iterator[dict[str, Broker]]:
     found = _brokers(tmp_path)
@@ -232,7 +224,7 @@ def test_kill_9_during_replay_loses_nothing_and_reruns_publish_nothing_twice(
             assert done.returncode in (SIGKILL, 0), done.stderr[-3000:]
             outcomes["killed" if done.returncode == SIGKILL else "finished"] += 1
             time.sleep(VISIBILITY + 0.1)
-            arrived = take_all(binding, target)
+            arrived = take_all(binding, target, timeout=0.05)
             outcomes["partial"] += 0 < len(arrived) < MESSAGES
             results = []
             for _ in range(2):  # run to completion, twice
@@ -241,7 +233,7 @@ def test_kill_9_during_replay_loses_nothing_and_reruns_publish_nothing_twice(
                 replay_engine.feed_from_dead_letters(replayer, binding, queue, 0.0)
                 replayer.finish()
                 results.append(replayer.result.as_dict())
-                arrived += take_all(binding, target)
+                arrived += take_all(binding, target, timeout=0.05)
             assert results[1]["replayed"] == 0, results
             assert binding.dead_letter_depth(queue) == 0
             counts = Counter(bq.meta_id_of(bq.decode(body)) for body in arrived)

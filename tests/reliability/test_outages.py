@@ -24,6 +24,7 @@ from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.bindings.base import Binding, PublishBatchError
 from airflow_provider_babelqueue.bindings.rabbitmq import RabbitMQBinding, RabbitMQConfig
 from airflow_provider_babelqueue.bindings.redis import RedisBinding, RedisConfig
+from tests.conftest import take_all
 from tests.nodes import HOST, RabbitNode, RedisNode
 
 pytestmark = pytest.mark.slow
@@ -114,20 +115,12 @@ def _ready_count(node: RabbitNode, queue: str) -> int:
         connection.close()
 
 
-def _drain_bodies(binding: Binding, queue: str) -> list[bytes]:
-    out = []
-    while (message := binding.reserve(queue, timeout=0.5)) is not None:
-        out.append(message.body)
-        binding.ack(message)
-    return out
-
-
 def test_rabbitmq_killed_during_a_batch_publish(rabbit_node: RabbitNode) -> None:
     queue, count = "outage-orders", 20_000
     bodies = bodies_for(queue, count)
     binding = RabbitMQBinding(RabbitMQConfig(host=HOST, port=rabbit_node.port, socket_timeout=3))
     binding.publish(bodies_for(queue, 1)[0], queue)  # declare the queue; this one is consumed below
-    assert _drain_bodies(binding, queue)
+    assert take_all(binding, queue, timeout=0.5)
     thread = kill_when(lambda: _ready_count(rabbit_node, queue) > 0, rabbit_node.kill)
 
     with pytest.raises(PublishBatchError) as caught:
@@ -139,7 +132,7 @@ def test_rabbitmq_killed_during_a_batch_publish(rabbit_node: RabbitNode) -> None
 
     rabbit_node.start()  # same Mnesia directory: the durable queue and its persistent messages are back
     binding.publish_batch([bodies[i] for i in error.failed], queue)  # the binding reconnects by itself
-    stored = _drain_bodies(binding, queue)
+    stored = take_all(binding, queue, timeout=0.5)
     counts = Counter(stored)
     assert set(counts) == set(bodies)  # nothing lost
     confirmed = set(range(count)) - set(error.failed)
