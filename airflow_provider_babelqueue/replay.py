@@ -24,7 +24,17 @@ twice. Digests go first so that a crash between the two remembers cannot leave a
 Atomic publish. When the ledger lives on the target itself (the default: ``ledger_conn_id`` defaults to the
 target connection) and the target can write both in one transaction (SQL: one database transaction; Redis:
 MULTI/EXEC), the publish and both remembers are one step (``Binding.publish_remembering``): there is no window
-left, and a crash never duplicates. RabbitMQ, SQS, Service Bus and Pulsar targets keep the window above.
+left, and a crash never duplicates.
+
+Atomic redrive. When the DLQ and the target are the same RabbitMQ binding, the publish and the ack of the
+DLQ copies are one AMQP transaction (``Binding.publish_acking``), followed by the remembers. A crash before the
+commit leaves the copies in the DLQ and nothing at the target; after it, the copies are gone from the DLQ, so
+a re-run finds nothing to replay again, even though the ledger may lack that last batch. Duplicate copies
+waiting to be acked ride in the same transaction (the copy each duplicates is remembered, or in this run).
+
+What keeps the window: SQS, Service Bus and Pulsar targets; a RabbitMQ target fed from a replay-set file or
+from another broker's DLQ (nothing to ack in the same transaction). There a crash can duplicate the one
+batch in flight.
 """
 
 from __future__ import annotations
@@ -494,13 +504,20 @@ class Replayer:
 
     # -- publishing
 
-    def _publish(self, queue_name: str, chunk: list[_Entry]) -> bool:
-        """Publish a chunk; ``True`` when its ledger entries were written in the same atomic step."""
+    def _publish(self, queue_name: str, chunk: list[_Entry]) -> tuple[bool, bool]:
+        """Publish a chunk. Returns ``(remembered, acked)``: whether its ledger entries, or its DLQ acks (and the
+        duplicate copies' acks waiting so far), were written in the same atomic step as the publish."""
         self.pacer.wait(len(chunk))
-        if self.headers is None and self.target.publish_remembering(
-            [entry.body for entry in chunk], queue_name, self._marks(chunk)
-        ):
-            return True
+        bodies = [entry.body for entry in chunk]
+        if self.headers is None and self.target.publish_remembering(bodies, queue_name, self._marks(chunk)):
+            return True, False
+        if self.source is self.target and all(entry.message is not None for entry in chunk):
+            # Safe to ack the duplicates with this batch: the copy each duplicates is in the ledger already, or
+            # in this run (published here or earlier, or still reserved in the DLQ until its own batch).
+            acks = [entry.message for entry in chunk] + [message for _, message in self._duplicate_acks]
+            if self.target.publish_acking(bodies, queue_name, acks, headers=self.headers):
+                self._duplicate_acks.clear()
+                return False, True
         if self.headers is not None or len(chunk) == 1:
             for index, entry in enumerate(chunk):
                 try:
@@ -509,9 +526,9 @@ class Replayer:
                     if index:  # the ones before were confirmed: settle them, then fail
                         self._settle(queue_name, chunk[:index])
                     raise
-            return False
-        self.target.publish_batch([entry.body for entry in chunk], queue_name)
-        return False
+            return False, False
+        self.target.publish_batch(bodies, queue_name)
+        return False, False
 
     def _marks(self, entries: list[_Entry]) -> list[tuple[SeenStore, list[str]]]:
         """The ledger writes for ``entries``, digests before meta.ids, per ledger."""
@@ -524,14 +541,18 @@ class Replayer:
             marks += [(digests, [entry.digest for entry in group]), (ids, [entry.meta_id for entry in group])]
         return marks
 
-    def _settle(self, queue_name: str, entries: list[_Entry], remembered: bool = False) -> None:
+    def _settle(self, queue_name: str, entries: list[_Entry], remembered: bool = False, acked: bool = False) -> None:
         """After the target confirmed: remember the digests, then the meta.ids (unless ``remembered`` with the
-        publish), then ack the DLQ copies. The order is the guarantee (see the module docstring)."""
+        publish), then ack the DLQ copies (unless ``acked`` with the publish). The order is the guarantee (see
+        the module docstring)."""
         if not remembered:
             for store, keys in self._marks(entries):
                 remember_many(store, keys)
         messages = [entry.message for entry in entries if entry.message is not None]
-        if messages:
+        if acked:
+            for entry in entries:
+                entry.message = None
+        elif messages:
             self.source.ack_many(messages)
             for entry in entries:
                 entry.message = None
@@ -546,7 +567,7 @@ class Replayer:
             while entries:
                 chunk = entries[: self.batch_size]
                 try:
-                    remembered = self._publish(queue_name, chunk)
+                    remembered, acked = self._publish(queue_name, chunk)
                 except PublishBatchError as exc:
                     failed = set(exc.failed)
                     self._settle(queue_name, [e for i, e in enumerate(chunk) if i not in failed])
@@ -557,7 +578,7 @@ class Replayer:
                                       if i in failed and e.message is not None)
                     self._pending_count -= len(chunk)
                     raise
-                self._settle(queue_name, chunk, remembered)
+                self._settle(queue_name, chunk, remembered, acked)
                 del entries[: len(chunk)]
                 self._pending_count -= len(chunk)
             del self._pending[queue_name]

@@ -342,6 +342,19 @@ class Binding(abc.ABC):
         """
         return False
 
+    def publish_acking(self, bodies: Sequence[bytes], queue_name: str, messages: Sequence[ReceivedMessage], *,
+                       headers: Mapping[str, Any] | None = None) -> bool:
+        """Publish ``bodies`` to ``queue_name`` *and* ack ``messages`` (reservations taken by this binding) in one
+        atomic step. A redrive on one broker uses it so that after a crash each dead letter is either still in
+        the DLQ or at the target, never both: a re-run cannot replay it twice, whatever the ledger holds.
+
+        Brokers without a transaction spanning publishes and acks (and messages this binding does not hold)
+        return ``False`` having done nothing; the caller publishes, then acks.
+
+        :raises PublishBatchError: nothing was committed (every index is listed).
+        """
+        return False
+
     def ping(self) -> None:
         """Reach the broker once (used by hooks' ``test_connection``); raises :class:`BindingError`."""
         self.depth("babelqueue-ping")

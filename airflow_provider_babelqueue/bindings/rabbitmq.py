@@ -10,10 +10,17 @@ only expires the head). ``x-expires`` drops a delay queue a minute after its las
 
 Reserving is ``basic.get`` with manual ack, polled while ``reserve(timeout=...)`` waits. A reservation is an
 unacked delivery on this binding's channel: when the process dies (SIGKILL included) or the connection drops,
-RabbitMQ requeues it itself. That is the crash recovery, with no deadline to tune. Queues declared by someone
-else (``x-dead-letter-exchange``, TTL, quorum type) are used as they are: a queue is declared only after a
-passive declare, on a separate channel, found it missing (a failed declare closes its channel, and closing
-the channel that holds reservations would requeue them all).
+RabbitMQ requeues it itself. That is the crash recovery, with no deadline to tune.
+
+Dead letters are reserved on a channel of their own in transaction mode (``tx.select``): their acks and
+requeues take effect at ``tx.commit``, which returns once the broker has applied them. That lets a redrive
+publish the replayed copies and ack their dead letters in one transaction (:meth:`publish_acking`): after a
+crash each message is either still in the DLQ or at the target, never both, so a re-run cannot replay it
+twice. Main-queue reservations stay on the confirm-mode channel (a channel cannot be in both modes).
+
+Queues declared by someone else (``x-dead-letter-exchange``, TTL, quorum type) are used as they are: a queue
+is declared only after a passive declare, on a separate channel, found it missing (a failed declare closes
+its channel, and closing the channel that holds reservations would requeue them all).
 
 One binding may serve several threads: channel operations take a lock (pika is not thread-safe). A daemon
 thread keeps heartbeats flowing while a handler holds a reservation, so a slow handler does not lose it.
@@ -53,11 +60,12 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class _Receipt:
-    """A delivery; its tag is valid only on the channel generation it came from."""
+    """A delivery; its tag is valid only on the channel (``work`` or ``dlq``) and generation it came from."""
 
     generation: int
     tag: int
     source: str
+    channel: str = "work"
 
 
 class RabbitMQBinding(Binding):
@@ -77,9 +85,11 @@ class RabbitMQBinding(Binding):
         self._connection, self._owns = connection, connection is None
         self._lock = threading.RLock()
         self._work: Any = None  # basic.get, ack, publish (confirm mode): never used for a declare that may fail
+        self._dlq: Any = None  # dead-letter basic.get, ack, requeue and redrive publishes (transaction mode)
         self._probe: Any = None  # declares: a passive declare of a missing queue closes its channel
-        self._generation = 0
-        self._held: dict[int, float] = {}  # delivery tag on the current work channel → lease deadline
+        self._generations = {"work": 0, "dlq": 0}
+        #: Per reserving channel: delivery tag on its current generation → lease deadline.
+        self._held: dict[str, dict[int, float]] = {"work": {}, "dlq": {}}
         self._known: set[str] = set()
         self._created: set[str] = set()
         self._stop = threading.Event()
@@ -101,19 +111,40 @@ class RabbitMQBinding(Binding):
             if not self._owns:
                 raise self._pika.exceptions.ConnectionWrongStateError("the injected connection is closed")
             conn = self._connection = self._pika.BlockingConnection(self.config.parameters(self._pika))
-            self._work = self._probe = None
+            self._work = self._probe = self._dlq = None
             self._start_pump()
         if kind == "probe":
             if self._probe is None or self._probe.is_closed:
                 self._probe = conn.channel()
             return self._probe
+        if kind == "dlq":
+            if self._dlq is None or self._dlq.is_closed:
+                self._dlq = conn.channel()
+                self._dlq.tx_select()
+                self._generations["dlq"] += 1
+                self._held["dlq"].clear()  # the broker requeued what the closed channel held
+            return self._dlq
         if self._work is None or self._work.is_closed:
             self._work = conn.channel()
             if self.config.publisher_confirms:
                 self._work.confirm_delivery()
-            self._generation += 1
-            self._held.clear()  # the broker requeued what the closed channel held
+            self._generations["work"] += 1
+            self._held["work"].clear()  # the broker requeued what the closed channel held
         return self._work
+
+    def _open(self, kind: str) -> Any:
+        """The ``work`` or ``dlq`` channel if it is open now, else ``None`` (its deliveries are requeued)."""
+        channel = self._dlq if kind == "dlq" else self._work
+        return None if channel is None or channel.is_closed else channel
+
+    def _holds(self, receipt: _Receipt) -> Any:
+        """The channel still holding ``receipt``'s delivery, or ``None`` when the broker took it back (the
+        channel closed, or its visibility timeout passed) and settling it now must change nothing."""
+        channel = self._open(receipt.channel)
+        if (channel is None or receipt.generation != self._generations[receipt.channel]
+                or receipt.tag not in self._held[receipt.channel]):
+            return None
+        return channel
 
     def _start_pump(self) -> None:
         """Serve heartbeats (and leases) while no thread calls the binding, e.g. during a long handler."""
@@ -278,8 +309,75 @@ class RabbitMQBinding(Binding):
                 failed,
             )
 
+    def publish_acking(self, bodies: Sequence[bytes], queue_name: str, messages: Sequence[ReceivedMessage], *,
+                       headers: Mapping[str, Any] | None = None) -> bool:
+        """Publish ``bodies`` to ``queue_name`` and ack ``messages`` (dead letters reserved by this binding) in one
+        AMQP transaction: after ``tx.commit`` returns both happened, and a crash or a lost connection before it
+        leaves neither (the broker drops the uncommitted publishes and requeues the deliveries).
+
+        ``False``, having done nothing, when a message is not a dead letter this binding still holds (another
+        binding's reservation, or one the broker took back): the caller then publishes and acks in two steps.
+
+        The target queue is checked with a fresh passive declare first, because in a transaction a publish to a
+        missing queue is not reported: the commit would remove the dead letter and deliver nothing.
+
+        :param headers: added to every message's AMQP header table (the replay bypass header).
+        :raises PublishBatchError: every index; nothing was committed (or, when the connection dropped during
+            the commit itself, all of it was: either way each message is in the DLQ or at the target, once).
+        """
+        bodies = [bytes(body) for body in bodies]
+        receipts = [message.receipt for message in messages]
+        if not bodies or not all(isinstance(r, _Receipt) and r.channel == "dlq" for r in receipts):
+            return False
+        check_sizes(bodies, self.config.max_message_bytes, f"{self._where()} queue {queue_name!r}",
+                    "RabbitMQ's max_message_size")
+        props = [self._pika.BasicProperties(**amqp_properties(body, headers)) for body in bodies]
+        with self._lock:
+            self._expire()
+            channel = self._open("dlq")
+            if channel is None or any(self._holds(receipt) is None for receipt in receipts):
+                return False
+            try:
+                with self._guard("publish and ack a batch", queue_name):
+                    self._known.discard(queue_name)
+                    if not self._exists(queue_name, self.config.declare_queues):
+                        raise BindingError(
+                            f"{self._where()}: queue {queue_name!r} does not exist and declare_queues is off"
+                        )
+                    try:
+                        for body, prop in zip(bodies, props, strict=True):
+                            channel.basic_publish("", queue_name, body, prop)
+                        for receipt in receipts:
+                            channel.basic_ack(receipt.tag)
+                        channel.tx_commit()
+                    except BaseException:
+                        self._roll_back(channel)
+                        raise
+            except BindingError as exc:
+                raise PublishBatchError(
+                    f"{exc}; the transaction did not commit, so every dead letter of the batch stays in the DLQ",
+                    range(len(bodies)),
+                ) from exc
+            for receipt in receipts:
+                del self._held["dlq"][receipt.tag]
+        return True
+
+    def _roll_back(self, channel: Any) -> None:
+        """Drop an unfinished transaction (its acked deliveries stay reserved); close the channel if that fails,
+        so a later commit on it can never apply half a batch."""
+        if channel.is_closed:
+            return
+        try:
+            channel.tx_rollback()
+        except (self._pika.exceptions.AMQPError, OSError):
+            logger.debug("RabbitMQ tx.rollback failed; closing the channel instead", exc_info=True)
+            try:
+                channel.close()
+            except (self._pika.exceptions.AMQPError, OSError):
+                logger.debug("RabbitMQ channel close failed", exc_info=True)
+
     def _take(self, queue_name: str, source: str, timeout: float, dead: bool) -> ReceivedMessage | None:
-        end, pause = time.monotonic() + max(timeout, 0), 0.02
+        end, pause, kind = time.monotonic() + max(timeout, 0), 0.02, "dlq" if dead else "work"
         while True:
             with self._lock, self._guard("reserve", source):
                 self._expire()
@@ -288,13 +386,13 @@ class RabbitMQBinding(Binding):
                     # Never basic.get a missing queue: its 404 would close the channel holding the reservations.
                     if not self._exists(source, self.config.declare_queues and not dead):
                         return None, None, None
-                    return self._channel("work").basic_get(source, auto_ack=False)
+                    return self._channel(kind).basic_get(source, auto_ack=False)
 
                 method, props, body = self._reconnecting(get)
                 if method is not None:
                     lease = self.config.visibility_timeout or math.inf
-                    self._held[method.delivery_tag] = time.monotonic() + lease
-                    receipt = _Receipt(self._generation, method.delivery_tag, source)
+                    self._held[kind][method.delivery_tag] = time.monotonic() + lease
+                    receipt = _Receipt(self._generations[kind], method.delivery_tag, source, kind)
                     return self._received(method, props, bytes(body or b""), queue_name, dead, receipt)
             if (remaining := end - time.monotonic()) <= 0:
                 return None
@@ -324,17 +422,22 @@ class RabbitMQBinding(Binding):
 
     def _expire(self) -> None:
         """Requeue reservations held past ``visibility_timeout`` (the caller holds the lock)."""
-        if self.config.visibility_timeout is None or not self._held or self._work is None or self._work.is_closed:
+        if self.config.visibility_timeout is None:
             return
         now = time.monotonic()
-        for tag in [tag for tag, deadline in self._held.items() if deadline <= now]:
-            del self._held[tag]
-            self._work.basic_nack(tag, requeue=True)
-            logger.warning(
-                "RabbitMQ reservation (tag %s) passed its visibility timeout (%s s): requeued",
-                tag,
-                self.config.visibility_timeout,
-            )
+        for kind, held in self._held.items():
+            channel = self._open(kind)
+            expired = [tag for tag, deadline in held.items() if deadline <= now] if channel is not None else []
+            for tag in expired:
+                del held[tag]
+                channel.basic_nack(tag, requeue=True)
+                logger.warning(
+                    "RabbitMQ reservation (tag %s) passed its visibility timeout (%s s): requeued",
+                    tag,
+                    self.config.visibility_timeout,
+                )
+            if expired and kind == "dlq":
+                channel.tx_commit()
 
     def _settle(
         self,
@@ -345,31 +448,61 @@ class RabbitMQBinding(Binding):
         requeue: bool = False,
     ) -> None:
         """Publish ``copy`` (queue, body, headers) if any and wait for its confirm, then ack (or requeue)."""
-        receipt = message.receipt
-        if not isinstance(receipt, _Receipt):
-            raise BindingError(f"message from queue {message.queue_name!r} was not reserved by a RabbitMQ binding")
+        receipt = self._receipt(message)
         with self._lock, self._guard(action, receipt.source):
             self._expire()
-            work = self._work
-            if (
-                receipt.generation != self._generation
-                or receipt.tag not in self._held
-                or work is None
-                or work.is_closed
-            ):
-                logger.warning(
-                    "RabbitMQ delivery from %r is no longer held (its channel closed or its visibility "
-                    "timeout passed, so the broker requeued it); nothing was changed",
-                    receipt.source,
-                )
+            channel = self._holds(receipt)
+            if channel is None:
+                self._warn_gone(receipt)
                 return
             if copy is not None:
                 self._send(*copy, delay=delay)
-            del self._held[receipt.tag]
-            if requeue:
-                work.basic_nack(receipt.tag, requeue=True)
-            else:
-                work.basic_ack(receipt.tag)
+            self._let_go(receipt, channel, requeue)
+            if receipt.channel == "dlq":
+                channel.tx_commit()
+
+    def _let_go(self, receipt: _Receipt, channel: Any, requeue: bool) -> None:
+        """Ack or requeue a held delivery (on the ``dlq`` channel it waits for the caller's commit)."""
+        del self._held[receipt.channel][receipt.tag]
+        if requeue:
+            channel.basic_nack(receipt.tag, requeue=True)
+        else:
+            channel.basic_ack(receipt.tag)
+
+    @staticmethod
+    def _receipt(message: ReceivedMessage) -> _Receipt:
+        if not isinstance(message.receipt, _Receipt):
+            raise BindingError(f"message from queue {message.queue_name!r} was not reserved by a RabbitMQ binding")
+        return message.receipt
+
+    @staticmethod
+    def _warn_gone(receipt: _Receipt) -> None:
+        logger.warning(
+            "RabbitMQ delivery from %r is no longer held (its channel closed or its visibility "
+            "timeout passed, so the broker requeued it); nothing was changed",
+            receipt.source,
+        )
+
+    def _settle_many(self, messages: Sequence[ReceivedMessage], action: str, requeue: bool) -> None:
+        """Ack (or requeue unchanged) many reservations, one transaction commit for the dead letters among them.
+
+        Gated like :meth:`_settle`: a delivery no longer held is skipped with a warning."""
+        receipts = [self._receipt(message) for message in messages]
+        if not receipts:
+            return
+        with self._lock, self._guard(action, receipts[0].source):
+            self._expire()
+            commit = None
+            for receipt in receipts:
+                channel = self._holds(receipt)
+                if channel is None:
+                    self._warn_gone(receipt)
+                    continue
+                self._let_go(receipt, channel, requeue)
+                if receipt.channel == "dlq":
+                    commit = channel
+            if commit is not None:
+                commit.tx_commit()
 
     def reserve(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
         return self._take(queue_name, queue_name, timeout, dead=False)
@@ -379,6 +512,17 @@ class RabbitMQBinding(Binding):
 
     def ack(self, message: ReceivedMessage) -> None:
         self._settle(message, "ack")
+
+    def ack_many(self, messages: Sequence[ReceivedMessage]) -> None:
+        """Ack every message; dead letters in one transaction, so the call returns once the broker removed them."""
+        self._settle_many(messages, "ack", requeue=False)
+
+    def release_many(self, messages: Sequence[ReceivedMessage], delay: float = 0) -> None:
+        """Dead letters go back to their DLQ unchanged in one transaction; others as :meth:`release` each."""
+        self._settle_many([m for m in messages if m.from_dead_letter], "release", requeue=True)
+        for message in messages:
+            if not message.from_dead_letter:
+                self.release(message, delay)
 
     def release(self, message: ReceivedMessage, delay: float = 0) -> None:
         """Republish with ``attempts`` + 1 (body and ``x-attempts``; a poison body keeps its bytes and counts in
@@ -433,9 +577,10 @@ class RabbitMQBinding(Binding):
         """Close what this binding opened; unacked reservations go back to their queues (broker requeue)."""
         with self._lock:
             self._stop.set()
-            channels, conn = (self._work, self._probe), self._connection
-            self._work = self._probe = None
-            self._held.clear()
+            channels, conn = (self._work, self._dlq, self._probe), self._connection
+            self._work = self._dlq = self._probe = None
+            for held in self._held.values():
+                held.clear()
             try:
                 if self._owns and conn is not None:
                     self._connection = None

@@ -325,6 +325,92 @@ def test_declare_queues_off_uses_passive_declares_only(make: Make, admin: dict, 
     assert binding.dead_letter_depth(queue) == 1
 
 
+# ------------------------------------------------------------------------------------ transactional redrive
+
+
+def dead_letters(binding: RabbitMQBinding, queue: str, count: int) -> list[bytes]:
+    """``count`` messages published to ``queue`` and dead-lettered; returns their DLQ bodies in order."""
+    binding.publish_batch([body_for(queue, n) for n in range(count)], queue)
+    for _ in range(count):
+        binding.dead_letter(must(binding.reserve(queue)), "failed", error="boom")
+    taken = binding.reserve_dead_letters(queue, count)
+    bodies = [message.body for message in taken]
+    binding.release_many(taken)
+    return bodies
+
+
+def test_publish_acking_moves_a_batch_in_one_transaction(make: Make, admin: dict, queue: str) -> None:
+    binding = make()
+    originals = dead_letters(binding, queue, 5)
+    taken = binding.reserve_dead_letters(queue, 5)
+    assert [m.body for m in taken] == originals  # released in order, unchanged
+    replays = [bq.encode(bq.reset_for_replay(bq.decode(m.body))) for m in taken]
+    assert binding.publish_acking(replays, f"{queue}-target", taken, headers={"bq-replay-bypass": 1}) is True
+    assert ready_count(admin, f"{queue}.failed") == 0 and ready_count(admin, f"{queue}-target") == 5
+    for replay in replays:
+        _, props, stored = raw_get(admin, f"{queue}-target")
+        assert stored == replay and props.headers["bq-replay-bypass"] == 1 and props.delivery_mode == 2
+    channel_of(admin).queue_delete(f"{queue}-target")
+    binding.ack_many(taken)  # already acked in the transaction: nothing left to settle, nothing raised
+    assert binding.dead_letter_depth(queue) == 0
+
+
+def test_publish_acking_to_a_missing_queue_commits_nothing(make: Make, admin: dict, queue: str) -> None:
+    binding = make(declare_queues=False)
+    channel_of(admin).queue_declare(queue, durable=True)
+    channel_of(admin).queue_declare(f"{queue}.failed", durable=True)
+    originals = dead_letters(binding, queue, 3)
+    taken = binding.reserve_dead_letters(queue, 3)
+    with pytest.raises(PublishBatchError, match="does not exist and declare_queues is off.*stays in the DLQ") as info:
+        binding.publish_acking([b"{}"] * 3, f"{queue}-absent", taken)
+    assert list(info.value.failed) == [0, 1, 2]
+    assert ready_count(admin, f"{queue}-absent") is None
+    binding.release_many(taken)  # still held after the failed attempt: they go back, unchanged and in order
+    assert [m.body for m in binding.reserve_dead_letters(queue, 3)] == originals
+
+
+def test_publish_acking_declines_what_it_does_not_hold(make: Make, admin: dict, queue: str) -> None:
+    binding, other = make(), make()
+    dead_letters(binding, queue, 2)
+    main = make()
+    main.publish(body_for(queue, 9), queue)
+    from_main_queue = must(main.reserve(queue))
+    assert binding.publish_acking([b"{}"], f"{queue}-target", [from_main_queue]) is False  # not a dead letter
+    foreign = other.reserve_dead_letters(queue, 1)
+    assert binding.publish_acking([b"{}"], f"{queue}-target", foreign) is False  # another binding's delivery
+    other.close()  # the broker requeues it
+    stale = binding.reserve_dead_letters(queue, 2)
+    binding.close()
+    assert binding.publish_acking([b"{}"], f"{queue}-target", stale) is False  # the broker took them back
+    assert ready_count(admin, f"{queue}-target") is None and binding.dead_letter_depth(queue) == 2
+    main.ack(from_main_queue)
+
+
+def test_dead_letter_acks_and_releases_are_committed_when_the_call_returns(make: Make, admin: dict, queue: str) -> None:
+    binding = make()
+    dead_letters(binding, queue, 4)
+    taken = binding.reserve_dead_letters(queue, 4)
+    binding.ack_many(taken[:2])
+    binding.release_many(taken[2:])
+    assert ready_count(admin, f"{queue}.failed") == 2  # seen from another connection: the transaction committed
+    one = must(binding.reserve_dead_letter(queue))
+    binding.ack(one)
+    assert ready_count(admin, f"{queue}.failed") == 1
+
+
+def test_visibility_timeout_requeues_dead_letters_too(make: Make, admin: dict, queue: str) -> None:
+    binding = make(visibility_timeout=0.5)
+    dead_letters(binding, queue, 1)
+    first = must(binding.reserve_dead_letter(queue))
+    time.sleep(0.8)
+    assert binding.dead_letter_depth(queue) == 1  # the expiry's requeue was committed
+    second = must(binding.reserve_dead_letter(queue))
+    binding.ack(first)  # expired: ignored
+    assert binding.publish_acking([b"{}"], f"{queue}-target", [first]) is False
+    binding.ack(second)
+    assert binding.dead_letter_depth(queue) == 0
+
+
 # ------------------------------------------------------------------------------------------ crash recovery
 
 
