@@ -320,6 +320,18 @@ class Binding(abc.ABC):
         """Read up to ``limit`` DLQ messages without removing them."""
         raise NotSupportedError(f"the {self.name} binding cannot browse a dead-letter queue without removing")
 
+    def browse_dead_letter_raws(self, queue_name: str, start: int, stop: int) -> list[bytes] | None:
+        """The stored bytes of DLQ positions ``start``..``stop`` - 1, nothing reserved or removed, for a browse
+        drain on a binding whose dead letters carry nothing but their bytes (no headers, no native reason or
+        delivery count). ``None``: not offered; the drain then browses :class:`ReceivedMessage` values."""
+        return None
+
+    def open_dead_letter_pipeline(self, queue_name: str) -> Any:
+        """A pipeline that keeps a move drain's reservations and acks of ``queue_name``'s DLQ in flight while the
+        drain writes (Redis: ``RedisDeadLetterPipeline``), or ``None``: the drain then reserves with
+        :meth:`reserve_dead_letters` and acks with :meth:`ack_many`, one round trip each."""
+        return None
+
     def seen_store(self, name: str) -> SeenStore:
         """A persistent ``meta.id`` seen-set named ``name`` on this broker, for consumer idempotency and
         replay ledgers. Brokers that cannot hold one raise :class:`NotSupportedError`."""

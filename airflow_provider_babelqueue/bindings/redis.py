@@ -45,6 +45,7 @@ __all__ = ["RedisBinding", "RedisConfig"]
 
 if TYPE_CHECKING:
     from ..idempotency import SeenStore
+    from ._redis_drain import RedisDeadLetterPipeline
     from .stores import RedisSeenStore
 
 logger = logging.getLogger(__name__)
@@ -339,6 +340,18 @@ class RedisBinding(Binding):
     def reserve_dead_letter(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
         return self._take(queue_name, self.dead_letter_name(queue_name), timeout, dead=True)
 
+    def open_dead_letter_pipeline(self, queue_name: str) -> RedisDeadLetterPipeline | None:
+        """A connection on which a drain keeps reservations and acks of ``queue_name``'s DLQ in flight, so the
+        server reserves the next batch while the drain writes and syncs this one (see
+        :class:`RedisDeadLetterPipeline`); the caller finishes or aborts it. ``None`` when the injected client
+        has no connection pool to take a connection from (e.g. a cluster client): the drain then uses
+        :meth:`reserve_dead_letters` and :meth:`ack_many`, one round trip each."""
+        if not callable(getattr(getattr(self.client, "connection_pool", None), "get_connection", None)):
+            return None
+        from ._redis_drain import RedisDeadLetterPipeline
+
+        return RedisDeadLetterPipeline(self, queue_name)
+
     def reserve_dead_letters(self, queue_name: str, limit: int, timeout: float = 0) -> list[ReceivedMessage]:
         """Up to ``limit`` dead letters with one script per 2000 (maintenance, then what LMOVE + a deadline
         member each does for :meth:`reserve_dead_letter`). When the DLQ is empty, waits up to ``timeout`` for
@@ -436,6 +449,17 @@ class RedisBinding(Binding):
             items = self.client.lrange(key, 0, limit - 1)
         return [self._parsed(bytes(raw), queue_name, dead=True) for raw in items]
 
+    def browse_dead_letter_raws(self, queue_name: str, start: int, stop: int) -> list[bytes]:
+        """The stored bytes of DLQ elements ``start``..``stop`` - 1 (LRANGE), without building messages: a browse
+        drain writes only the bytes, and decoding each into a :class:`ReceivedMessage` cost more than the rest
+        of the copy. Nothing is reserved or removed."""
+        if stop <= start:
+            return []
+        key = self.dead_letter_name(queue_name)
+        with self._guard("browse", key):
+            items = self.client.lrange(key, start, stop - 1)
+        return [raw if raw.__class__ is bytes else bytes(raw) for raw in items]
+
     def seen_store(self, name: str) -> RedisSeenStore:
         from .stores import RedisSeenStore
 
@@ -448,3 +472,4 @@ class RedisBinding(Binding):
     def close(self) -> None:
         if self._owns_client:
             self.client.close()
+

@@ -102,7 +102,9 @@ class BabelQueueDrainDeadLettersOperator(BaseOperator):
     :param reserve_timeout: seconds to wait for the next dead letter before a source counts as empty
         (``move`` mode); 0 drains what is there now and returns.
     :param batch_records: records per durable batch: the file is synced and the batch acked every this many
-        records (or 8 MiB). Larger batches are faster; a crash re-delivers at most one batch as duplicates.
+        records (or 8 MiB). Larger batches are faster; a crash re-delivers at most one batch as duplicates, or
+        two on Redis, whose drain acks a batch while the next one is being synced (it also holds the next
+        batch reserved ahead: after a crash, reserved messages return when the visibility timeout expires).
     :param progress_every: log a progress line every this many records.
     """
 

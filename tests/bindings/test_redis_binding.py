@@ -423,6 +423,80 @@ def test_a_kill_9_after_a_batch_reserve_loses_nothing(make: Make, rc: Any, queue
     assert binding.dead_letter_depth(queue) == 0
 
 
+def test_a_pipelined_batch_has_the_batch_layout_and_acks_in_flight(make: Make, rc: Any, queue: str) -> None:
+    binding = make(visibility_timeout=30)
+    bodies = dead_bodies(binding, rc, queue, 7)
+    dlq = binding.dead_letter_name(queue)
+    pipeline = binding.open_dead_letter_pipeline(queue)
+    assert pipeline.request(3) == 3 and pipeline.request(10) == 10 and pipeline.reservations_in_flight == 2
+    first, second = pipeline.receive(), pipeline.receive()
+    assert first.raws == bodies[:3] and first.requested == 3 and second.raws == bodies[3:] and len(second) == 4
+    assert rc.llen(dlq) == 0 and rc.lrange(f"{dlq}:processing", 0, -1) == bodies  # both batches held
+    members = rc.zrange(f"{dlq}:processing:deadlines", 0, -1)
+    expected = [f"{batch.stem}{i:08x}:".encode() + body for batch, part in ((first, bodies[:3]), (second, bodies[3:]))
+                for i, body in enumerate(part, 1)]  # the single path's '<token>:<raw>', one token each
+    assert sorted(members) == sorted(expected)
+    assert [m[:32].decode() for m in expected] == [r.token for r in first.receipts(0, 3) + second.receipts(0, 4)]
+    assert [m.receipt.token for m in first.messages()] == [r.token for r in first.receipts(0, 3)]
+    assert second.tokens(1, 4) == "".join(r.token for r in second.receipts(1, 4)) and second.tokens(2, 2) == ""
+    assert [m.body for m in second.messages(1, 3)] == bodies[4:6]
+    pipeline.ack(first, 0, 2)  # sent, not waited for: two acks in flight on the connection
+    pipeline.ack(first, 2, 3)
+    pipeline.ack(second, 0, 4)
+    assert pipeline.request(5) == 5  # the DLQ is empty: an empty batch, once the acks' replies are read
+    empty = pipeline.receive()
+    assert empty.raws == [] and empty.requested == 5
+    pipeline.finish()
+    assert sorted(rc.scan_iter(match=f"*{queue}*")) == []
+
+
+def test_a_refused_pipelined_ack_settles_each_held_reservation(make: Make, rc: Any, queue: str) -> None:
+    binding = make(visibility_timeout=30)
+    bodies = dead_bodies(binding, rc, queue, 4)
+    dlq = binding.dead_letter_name(queue)
+    pipeline = binding.open_dead_letter_pipeline(queue)
+    pipeline.request(4)
+    batch = pipeline.receive()
+    gone = f"{batch.stem}{2:08x}:".encode() + bodies[1]  # reservation 2 expires and is swept back (as _MAINTAIN)
+    assert rc.zrem(f"{dlq}:processing:deadlines", gone) == 1 and rc.lrem(f"{dlq}:processing", 1, bodies[1]) == 1
+    rc.rpush(dlq, bodies[1])
+    pipeline.ack(batch, 0, 4)  # not the head in order any more: refused, then settled member by member
+    pipeline.finish()
+    assert rc.lrange(dlq, 0, -1) == [bodies[1]]  # the swept one stays in the DLQ, the three held ones are gone
+    assert not rc.exists(f"{dlq}:processing", f"{dlq}:processing:deadlines")
+
+
+def test_a_pipeline_abort_hands_back_every_unconfirmed_reservation(make: Make, rc: Any, queue: str) -> None:
+    binding = make(visibility_timeout=30)
+    bodies = dead_bodies(binding, rc, queue, 9)
+    dlq = binding.dead_letter_name(queue)
+    pipeline = binding.open_dead_letter_pipeline(queue)
+    pipeline.request(3)
+    first = pipeline.receive()
+    pipeline.request(3)
+    pipeline.ack(first, 0, 1)  # in flight when the drain fails: its reply is read, it settled
+    pipeline.request(3)
+    held = pipeline.abort()
+    assert [m.body for m in held] == bodies[3:9]  # the two batches reserved ahead, never received
+    assert all(m.from_dead_letter and m.queue_name == queue for m in held)
+    binding.release_many(held + first.messages(1, 3))
+    assert rc.lrange(dlq, 0, -1) == bodies[3:9] + bodies[1:3]  # back at once, no visibility timeout to wait
+    assert not rc.exists(f"{dlq}:processing", f"{dlq}:processing:deadlines")
+    with pytest.raises(BindingError, match="closed"):
+        pipeline.request(1)
+
+
+def test_finishing_a_pipeline_releases_a_batch_never_received(make: Make, rc: Any, queue: str) -> None:
+    binding = make(visibility_timeout=30)
+    bodies = dead_bodies(binding, rc, queue, 5)
+    pipeline = binding.open_dead_letter_pipeline(queue)
+    pipeline.request(2)
+    pipeline.finish()
+    assert rc.lrange(binding.dead_letter_name(queue), 0, -1) == bodies[2:] + bodies[:2]
+    assert binding.dead_letter_depth(queue) == 5 and rc.zcard(f"{binding.dead_letter_name(queue)}:processing:"
+                                                               "deadlines") == 0
+
+
 def test_seen_store_batches_use_one_set(make: Make, rc: Any, queue: str) -> None:
     binding = make(key_prefix=f"{queue}:")
     store = binding.seen_store("ledger")

@@ -7,8 +7,10 @@ this module calls ``execute`` and the pure drain function directly, which is muc
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,9 +18,12 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from airflow_provider_babelqueue import drain as drain_core
 from airflow_provider_babelqueue import envelope as bq
-from airflow_provider_babelqueue.bindings.base import Binding, NotSupportedError, ReceivedMessage
+from airflow_provider_babelqueue.bindings.base import Binding, NotSupportedError, ReceivedMessage, parse_body
 from airflow_provider_babelqueue.bindings.memory import MemoryBinding
 from airflow_provider_babelqueue.drain import (
     DrainSource,
@@ -175,6 +180,72 @@ def test_drain_record_of_a_poison_body_is_base64_of_the_bytes() -> None:
     assert record["body_encoding"] == "base64" and base64.b64decode(record["body"]) == POISON
     assert record["meta_id"] == "" and record["delivery_count"] is None and record["native_reason"] is None
     assert record["headers"] == {} and record_body(record) == POISON
+
+
+#: Bodies the fast record path must write exactly as drain_record does: envelopes, escapes, poison of every kind.
+ODD_BODIES = [
+    envelope_body("orders", 1),
+    bq.encode(bq.make_envelope("urn:x", {"s": 'quote " backslash \\ slash / tab \t nl \n \u2028 \x7f \x01 é ☕ 😀'},
+                               queue_name="orders")),
+    POISON,
+    b"",
+    b"not json at all",
+    b'{"meta": {"id": "truncated"',
+    b"[1, 2, 3]",
+    b'"a json string"',
+    b"null",
+    b'{"meta": "not an object"}',
+    b'{"meta": {"id": 42}}',
+    b'{"meta": {"id": null}}',
+    b'{"meta": {"id": "dup-1"}, "meta": {"id": "dup-2"}}',
+    b'{"meta": {"id": "caf\\u00e9 \\ud83d\\ude00"}, "lone": "\\ud800"}',
+    b'\xef\xbb\xbf{"meta": {"id": "bom"}}',
+    b'{"meta": {"id": "x"}, "n": NaN}',
+    b'{"meta": {"id": "x"}, "big": 123456789012345678901234567890}',
+    b'  {"meta": {"id": "spaces"}}  \n',
+    b'{"meta": {"id": "bad utf8 \xc3\x28"}}',
+]
+
+
+def redis_like(body: bytes, queue_name: str = "orders", **fields: Any) -> ReceivedMessage:
+    """The message a binding without headers builds (what RedisBinding._parsed makes of the bytes)."""
+    envelope, error, attempts = parse_body(body)
+    return ReceivedMessage(body=body, queue_name=queue_name, envelope=envelope, decode_error=error,
+                           attempts=attempts, **fields)
+
+
+def reference(message: ReceivedMessage, drained_at: int = 1749132730123) -> bytes:
+    return drain_record(message, broker="redis", dead_letter_queue="orders:failed", source_conn_id="bq_redis",
+                        drained_at=drained_at)
+
+
+TEMPLATE = drain_core._RecordTemplate(broker="redis", queue_name="orders", dead_letter_queue="orders:failed",
+                                      source_conn_id="bq_redis")
+
+
+def test_the_fast_record_path_writes_drain_record_bytes_exactly() -> None:
+    stamp = TEMPLATE.stamp(1749132730123)
+    assert TEMPLATE.of_raws(ODD_BODIES, stamp) == [reference(redis_like(body)) for body in ODD_BODIES]
+    for body in ODD_BODIES:
+        for count in (None, 0, 7):
+            message = redis_like(body, delivery_count=count)
+            assert TEMPLATE.of_message(message, 1749132730123) == reference(message)
+    # Anything whose other keys are not the source's constants goes to drain_record.
+    assert TEMPLATE.of_message(redis_like(ODD_BODIES[0], headers={"x-first-death-reason": "rejected"}), 1) is None
+    assert TEMPLATE.of_message(redis_like(ODD_BODIES[0], queue_name="other"), 1) is None
+    assert TEMPLATE.of_message(redis_like(ODD_BODIES[0], delivery_count=True), 1) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=64),
+                 st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(),
+                              lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
+                                                                                          max_size=3),
+                              max_leaves=8).map(lambda value: orjson.dumps({"meta": value, "x": value})),
+                 st.text().map(lambda text: orjson.dumps({"meta": {"id": text}}))))
+def test_the_fast_record_path_matches_drain_record_for_any_bytes(body: bytes) -> None:
+    assert TEMPLATE.of_raws([body], TEMPLATE.stamp(5)) == [reference(redis_like(body), 5)]
+    assert TEMPLATE.of_message(redis_like(body), 5) == reference(redis_like(body), 5)
 
 
 def test_replay_lines_are_drain_records_or_envelopes() -> None:
@@ -487,3 +558,270 @@ def test_a_failure_mid_batch_releases_the_rest_of_the_reservation_at_once(tmp_pa
     assert 0 < len(in_file) < 10 and in_file == ids[:len(in_file)]
     assert binding.dead_letter_depth(queue_name) == 30 - len(in_file)  # nothing left reserved until a timeout
     assert sorted(dlq_ids(binding, queue_name)) == sorted(ids[len(in_file):])
+
+
+# ------------------------------------------------------------------------------- pipelined (Redis) drains
+
+
+@pytest.fixture
+def redis_binding(tmp_path: Path) -> Iterator[Binding]:
+    cleanups: list[Callable[[], None]] = []
+    yield _redis_factory(tmp_path, cleanups)
+    for cleanup in reversed(cleanups):
+        cleanup()
+
+
+def seed_redis_dlq(binding: Any, queue_name: str, count: int) -> list[bytes]:
+    """``count`` dead letters pushed straight onto the DLQ list (as any SDK leaves them), oldest first."""
+    bodies = [bq.encode(bq.annotate_dead_letter(bq.make_envelope("urn:babel:orders:created", {"n": n, "s": "Zoë/★"},
+                                                                 queue_name=queue_name),
+                                                "failed", original_queue=queue_name, attempts=3))
+              for n in range(count)]
+    bodies[7] = POISON  # a poison body travels through the fast path too
+    for start in range(0, count, 1000):
+        binding.client.rpush(binding.dead_letter_name(queue_name), *bodies[start:start + 1000])
+    return bodies
+
+
+def record_requests(monkeypatch: pytest.MonkeyPatch, binding: Any) -> list[tuple[int, int]]:
+    """(limit asked, reservations already in flight) of every pipelined reservation the drain sends."""
+    calls: list[tuple[int, int]] = []
+    opener = binding.open_dead_letter_pipeline
+
+    def open_recording(queue_name: str) -> Any:
+        pipeline = opener(queue_name)
+        request = pipeline.request
+
+        def recording(limit: int) -> int:
+            calls.append((limit, pipeline.reservations_in_flight))
+            return request(limit)
+
+        pipeline.request = recording
+        return pipeline
+
+    monkeypatch.setattr(binding, "open_dead_letter_pipeline", open_recording)
+    return calls
+
+
+def assert_settled(binding: Any, queue_name: str) -> None:
+    """No reservation left behind: nothing to wait a visibility timeout for."""
+    dlq = binding.dead_letter_name(queue_name)
+    assert binding.client.llen(f"{dlq}:processing") == 0 and binding.client.zcard(f"{dlq}:processing:deadlines") == 0
+
+
+def test_a_pipelined_drain_writes_every_record_exactly_and_reserves_one_batch_ahead(
+        monkeypatch: pytest.MonkeyPatch, redis_binding: Any, tmp_path: Path, queue_name: str) -> None:
+    bodies = seed_redis_dlq(redis_binding, queue_name, 2500)
+    calls = record_requests(monkeypatch, redis_binding)
+
+    def no_slow_path(*args: Any) -> None:
+        raise AssertionError("every ack of an undisturbed drain is the head of processing: the fast script")
+
+    monkeypatch.setattr(redis_binding, "_settle_many", no_slow_path)
+    path = tmp_path / "d.jsonl"
+    result = drain_dead_letters([DrainSource(redis_binding, queue_name, "bq_redis")], LocalFileSink(path),
+                                batch_records=1000)
+    lines = path.read_bytes().splitlines(keepends=True)
+    assert result.records == 2500 == len(lines) and result.bytes == path.stat().st_size
+    assert result.by_source == {f"bq_redis/{queue_name}": 2500}
+    dlq = redis_binding.dead_letter_name(queue_name)
+    for line, body in zip(lines, bodies, strict=True):  # byte for byte what drain_record writes
+        drained_at = orjson.loads(line)["drained_at"]
+        assert line == drain_record(redis_like(body, queue_name, from_dead_letter=True), broker="redis",
+                                    dead_letter_queue=dlq, source_conn_id="bq_redis", drained_at=drained_at)
+    # The next batch is asked for while this one is written (one in flight); the short batch ends the run.
+    assert calls == [(1000, 0), (1000, 0), (1000, 0)]
+    assert redis_binding.dead_letter_depth(queue_name) == 0
+    assert_settled(redis_binding, queue_name)
+
+
+@pytest.mark.parametrize(("max_messages", "expected"), [(2500, [1000, 1000, 500]), (1000, [1000]), (1, [1]),
+                                                        (1999, [1000, 999])])
+def test_a_pipelined_drain_never_reserves_past_max_messages(monkeypatch: pytest.MonkeyPatch, redis_binding: Any,
+                                                             tmp_path: Path, queue_name: str, max_messages: int,
+                                                             expected: list[int]) -> None:
+    bodies = seed_redis_dlq(redis_binding, queue_name, 3000)
+    calls = record_requests(monkeypatch, redis_binding)
+    result = drain_dead_letters([DrainSource(redis_binding, queue_name, "c")], LocalFileSink(tmp_path / "d.jsonl"),
+                                batch_records=1000, max_messages=max_messages)
+    assert result.records == max_messages and [limit for limit, _ in calls] == expected
+    assert [record_body(r) for r in read_records(tmp_path / "d.jsonl")] == bodies[:max_messages]
+    assert redis_binding.client.lrange(redis_binding.dead_letter_name(queue_name), 0, -1) == bodies[max_messages:]
+    assert_settled(redis_binding, queue_name)
+
+
+def test_a_pipelined_drain_with_max_bytes_does_not_reserve_ahead(monkeypatch: pytest.MonkeyPatch,
+                                                                  redis_binding: Any, tmp_path: Path,
+                                                                  queue_name: str) -> None:
+    bodies = seed_redis_dlq(redis_binding, queue_name, 100)
+    calls = record_requests(monkeypatch, redis_binding)
+    size = len(TEMPLATE.of_raws(bodies[:1], TEMPLATE.stamp(1749132730123))[0])
+    result = drain_dead_letters([DrainSource(redis_binding, queue_name, "c")], LocalFileSink(tmp_path / "d.jsonl"),
+                                batch_records=10, max_bytes=size * 25)
+    assert 20 <= result.records < 26 and result.bytes <= size * 25 + 100
+    assert all(in_flight == 0 for _, in_flight in calls)  # how many fit depends on the batch in hand
+    written = [record_body(r) for r in read_records(tmp_path / "d.jsonl")]
+    assert written == bodies[:result.records]
+    # The reserved records that did not fit went back at once, in the DLQ with the never-reserved rest.
+    assert sorted(redis_binding.client.lrange(redis_binding.dead_letter_name(queue_name), 0, -1)) == sorted(
+        bodies[result.records:])
+    assert_settled(redis_binding, queue_name)
+
+
+def test_a_pipelined_drain_acks_partial_batches_when_batch_bytes_flushes(redis_binding: Any, tmp_path: Path,
+                                                                         queue_name: str) -> None:
+    bodies = seed_redis_dlq(redis_binding, queue_name, 95)
+    size = len(TEMPLATE.of_raws(bodies[:1], TEMPLATE.stamp(1749132730123))[0])
+    sink = FaultySink(tmp_path / "d.jsonl", fail_on_write=0)  # counts writes, never fails
+    result = drain_dead_letters([DrainSource(redis_binding, queue_name, "c")], sink, batch_records=40,
+                                batch_bytes=size * 7)  # a flush every ~7 records: ranges of a batch are acked
+    assert result.records == 95 and sink.writes >= 95 // 8
+    assert [record_body(r) for r in read_records(tmp_path / "d.jsonl")] == bodies
+    assert redis_binding.dead_letter_depth(queue_name) == 0
+    assert_settled(redis_binding, queue_name)
+
+
+@pytest.mark.parametrize("fail_on_write", [1, 2, 3])
+def test_a_failed_pipelined_drain_releases_the_batch_reserved_ahead_at_once(redis_binding: Any, tmp_path: Path,
+                                                                             queue_name: str,
+                                                                             fail_on_write: int) -> None:
+    bodies = seed_redis_dlq(redis_binding, queue_name, 35)
+    sink = FaultySink(tmp_path / "d.jsonl", fail_on_write=fail_on_write)
+    with pytest.raises(OSError, match="simulated fault"):
+        drain_dead_letters([DrainSource(redis_binding, queue_name, "c")], sink, batch_records=10)
+    in_file = [record_body(r) for r in read_records(tmp_path / "d.jsonl")]
+    assert in_file == bodies[:10 * (fail_on_write - 1)]  # the durable, acked batches; the torn one was cut
+    in_dlq = redis_binding.client.lrange(redis_binding.dead_letter_name(queue_name), 0, -1)
+    assert sorted(in_file + in_dlq) == sorted(bodies)  # each one in exactly one place: no duplicate, no loss
+    assert_settled(redis_binding, queue_name)  # the batch in hand and the one reserved ahead: released at once
+
+
+def test_a_pipelined_sync_failure_cuts_the_file_and_releases_everything_not_acked(
+        monkeypatch: pytest.MonkeyPatch, redis_binding: Any, tmp_path: Path, queue_name: str) -> None:
+    bodies = seed_redis_dlq(redis_binding, queue_name, 30)
+    sink = LocalFileSink(tmp_path / "d.jsonl")
+    syncs = [0]
+    real_sync = sink.sync
+
+    def failing_sync() -> None:  # runs on the sync thread: the error reaches the drain at the next flush
+        syncs[0] += 1
+        if syncs[0] == 2:
+            raise OSError(5, "Input/output error (simulated fault)")
+        real_sync()
+
+    monkeypatch.setattr(sink, "sync", failing_sync)
+    with pytest.raises(OSError, match="simulated fault"):
+        drain_dead_letters([DrainSource(redis_binding, queue_name, "c")], sink, batch_records=10)
+    in_file = [record_body(r) for r in read_records(tmp_path / "d.jsonl")]
+    assert in_file == bodies[:10]  # only the first batch was durable
+    in_dlq = redis_binding.client.lrange(redis_binding.dead_letter_name(queue_name), 0, -1)
+    assert sorted(in_file + in_dlq) == sorted(bodies)
+    assert_settled(redis_binding, queue_name)
+
+
+def test_pipelined_and_plain_sources_share_one_file(redis_binding: Any, tmp_path: Path, queue_name: str) -> None:
+    memory = MemoryBinding()
+    ids = seed(memory, "mem", 7)
+    first = seed_redis_dlq(redis_binding, queue_name, 1200)
+    second = seed_redis_dlq(redis_binding, f"{queue_name}-b", 30)
+    sources = [DrainSource(redis_binding, queue_name, "r"), DrainSource(memory, "mem", "m"),
+               DrainSource(redis_binding, f"{queue_name}-b", "r")]
+    result = drain_dead_letters(sources, LocalFileSink(tmp_path / "d.jsonl"), batch_records=500)
+    records = read_records(tmp_path / "d.jsonl")
+    bodies = [record_body(r) for r in records]
+    assert len(records) == 1237 and bodies[:1200] == first and bodies[1207:] == second
+    assert [r["meta_id"] for r in records[1200:1207]] == ids
+    assert result.by_source == {f"r/{queue_name}": 1200, "m/mem": 7, f"r/{queue_name}-b": 30}
+    assert {r["broker"] for r in records[:1200]} == {"redis"} and records[1203]["broker"] == "memory"
+    for name in (queue_name, f"{queue_name}-b"):
+        assert redis_binding.dead_letter_depth(name) == 0
+        assert_settled(redis_binding, name)
+
+
+def test_a_redis_browse_copies_the_stored_bytes_exactly_and_removes_nothing(redis_binding: Any, tmp_path: Path,
+                                                                            queue_name: str) -> None:
+    bodies = seed_redis_dlq(redis_binding, queue_name, 1500)
+    dlq = redis_binding.dead_letter_name(queue_name)
+    path = tmp_path / "all.jsonl"
+    result = drain_dead_letters([DrainSource(redis_binding, queue_name, "b")], LocalFileSink(path), mode="browse",
+                                batch_records=100)
+    lines = path.read_bytes().splitlines(keepends=True)
+    assert result.records == 1500 == len(lines) and result.bytes == path.stat().st_size
+    for line, body in zip(lines, bodies, strict=True):
+        drained_at = orjson.loads(line)["drained_at"]
+        assert line == drain_record(redis_like(body, queue_name), broker="redis", dead_letter_queue=dlq,
+                                    source_conn_id="b", drained_at=drained_at)
+    assert redis_binding.client.lrange(dlq, 0, -1) == bodies  # untouched
+    some = drain_dead_letters([DrainSource(redis_binding, queue_name, "b")], LocalFileSink(tmp_path / "7.jsonl"),
+                              mode="browse", max_messages=7)
+    assert some.records == 7 and [record_body(r) for r in read_records(tmp_path / "7.jsonl")] == bodies[:7]
+    cap = sum(map(len, lines[:10])) + len(lines[10]) // 2
+    bounded = drain_dead_letters([DrainSource(redis_binding, queue_name, "b")], LocalFileSink(tmp_path / "b.jsonl"),
+                                 mode="browse", max_bytes=cap)
+    assert bounded.records == 10 and bounded.bytes == sum(map(len, lines[:10])) <= cap  # the 11th would not fit
+    assert redis_binding.dead_letter_depth(queue_name) == 1500
+    assert_settled(redis_binding, queue_name)
+
+
+def test_a_redis_drain_without_a_pipeline_or_with_a_wait_uses_the_plain_protocol(redis_binding: Any, tmp_path: Path,
+                                                                                  queue_name: str) -> None:
+    from airflow_provider_babelqueue.bindings.redis import RedisBinding
+
+    class NoPool:
+        """A client without a connection pool (as a cluster client): the binding offers no pipeline."""
+
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            if name == "connection_pool":
+                raise AttributeError(name)
+            return getattr(self._inner, name)
+
+    plain = RedisBinding(redis_binding.config, client=NoPool(redis_binding.client))
+    assert plain.open_dead_letter_pipeline(queue_name) is None
+    bodies = seed_redis_dlq(redis_binding, queue_name, 25)
+    result = drain_dead_letters([DrainSource(plain, queue_name, "c")], LocalFileSink(tmp_path / "a.jsonl"),
+                                batch_records=10)
+    assert result.records == 25 and [record_body(r) for r in read_records(tmp_path / "a.jsonl")] == bodies
+    assert_settled(redis_binding, queue_name)
+
+    # With a reserve_timeout, an empty DLQ is waited for after the pipelined part (BLMOVE, the single path).
+    late = bodies[:3]
+    timer = threading.Timer(0.3, lambda: redis_binding.client.rpush(redis_binding.dead_letter_name(queue_name),
+                                                                      *late))
+    timer.start()
+    try:
+        waited = drain_dead_letters([DrainSource(redis_binding, queue_name, "c")], LocalFileSink(tmp_path / "b.jsonl"),
+                                    batch_records=10, reserve_timeout=2.0)
+    finally:
+        timer.join()
+    assert waited.records == 3 and [record_body(r) for r in read_records(tmp_path / "b.jsonl")] == late
+    assert redis_binding.dead_letter_depth(queue_name) == 0
+    assert_settled(redis_binding, queue_name)
+
+
+def test_pipelined_sources_into_object_storage_are_acked_only_after_the_close(redis_binding: Any, tmp_path: Path,
+                                                                              queue_name: str) -> None:
+    first = seed_redis_dlq(redis_binding, queue_name, 45)
+    second = seed_redis_dlq(redis_binding, f"{queue_name}-b", 12)
+    dlq = redis_binding.dead_letter_name(queue_name)
+    target = tmp_path / "object.jsonl"
+    seen_at_close: list[int] = []
+
+    class Upload(io.BytesIO):
+        """An object-storage stream: the object exists only once close() returned."""
+
+        def close(self) -> None:
+            seen_at_close.append(redis_binding.client.llen(f"{dlq}:processing"))  # still reserved, not acked
+            target.write_bytes(self.getvalue())
+            super().close()
+
+    sink = StreamSink(Upload, "s3://bucket/object.jsonl")
+    result = drain_dead_letters([DrainSource(redis_binding, queue_name, "r"),
+                                 DrainSource(redis_binding, f"{queue_name}-b", "r")], sink, batch_records=10)
+    assert result.records == 57 and [record_body(r) for r in read_records(target)] == first + second
+    assert seen_at_close == [45]  # every reservation was held until the object was complete
+    for name in (queue_name, f"{queue_name}-b"):
+        assert redis_binding.dead_letter_depth(name) == 0
+        assert_settled(redis_binding, name)

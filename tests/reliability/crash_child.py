@@ -3,8 +3,10 @@
 Run as ``python -m tests.reliability.crash_child '<json spec>'``. The spec names the broker, the operation and
 the kill point: ``{"method": "ack_many", "nth": 3, "when": "after"}`` kills the process right after the third
 ``ack_many`` returned (the broker has settled, nothing after it ran), ``"when": "before"`` right before the
-call; ``{"seconds": 0.003}`` kills it that long after the first ``reserve_dead_letters`` call, wherever it is
-then. No Airflow is imported: the drain and the replay engine are the same code the operators run.
+call; ``{"seconds": 0.003}`` kills it that long after the first ``reserve_dead_letters`` call (a Redis drain:
+``open_dead_letter_pipeline``), wherever it is then. Owner ``pipeline`` is the Redis drain's
+``RedisDeadLetterPipeline`` class (whose ``ack`` only sends: the server may or may not have run it). No Airflow
+is imported: the drain and the replay engine are the same code the operators run.
 """
 
 from __future__ import annotations
@@ -78,10 +80,15 @@ def main(spec: dict[str, Any]) -> int:
     binding = make_binding(spec["binding"])
     kill = spec["kill"]
     sink = LocalFileSink(spec["staging"]) if spec["op"] == "drain" else None
+    pipelined = spec["op"] == "drain" and spec["binding"]["kind"] == "redis"
     if "seconds" in kill:
-        arm_timer(binding, "reserve_dead_letters", kill["seconds"])
+        arm_timer(binding, "open_dead_letter_pipeline" if pipelined else "reserve_dead_letters", kill["seconds"])
     else:
         owners = {"binding": binding, "sink": sink, "engine": replay_engine}
+        if pipelined:  # the drain reserves and acks through the pipeline's methods (armed on its class)
+            from airflow_provider_babelqueue.bindings._redis_drain import RedisDeadLetterPipeline
+
+            owners["pipeline"] = RedisDeadLetterPipeline
         arm(owners[kill["owner"]], kill["method"], kill["nth"], kill["when"])
     if spec["op"] == "drain":
         drain_dead_letters([DrainSource(binding, spec["queue"], "crash")], sink, mode="move",

@@ -80,6 +80,9 @@ def _kill_points(op: str, kind: str) -> list[tuple[str, str, str, int]]:
     reserve = ("binding", "reserve_dead_letters", "after", batches)
     acks = [("binding", "ack_many", "before", batches), ("binding", "ack_many", "after", batches)]
     if op == "drain":
+        if kind == "redis":  # the pipelined drain: reservations and acks travel on a RedisDeadLetterPipeline
+            reserve = ("pipeline", "receive", "after", batches)
+            acks = [("pipeline", "ack", "before", batches), ("pipeline", "ack", "after", batches)]
         return [reserve, *acks, ("sink", "sync", "before", batches), ("sink", "sync", "after", batches)]
     if kind == "rabbitmq":  # publish + DLQ ack in one transaction, then the ledger (SQLite): digests, meta.ids
         return [reserve, ("binding", "publish_acking", "before", batches),
