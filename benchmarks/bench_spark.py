@@ -3,11 +3,15 @@
 For each size N: generate N drain records (``generate_dead_letters.py``, cached under ``--work``), then run
 ``spark-submit triage.py`` and ``spark-submit report.py`` exactly as a user would. Wall time includes both
 JVM start-ups. Peak RSS is the largest sum of RSS over the whole spark-submit process tree (launcher, JVM,
-Python driver, Python workers), sampled every 50 ms with psutil.
+Python driver, Python workers), sampled every 50 ms with psutil; a child caught between fork and exec shares the
+JVM's memory and is not counted twice.
 
 Goals: 1M records ≤ 30 s wall and ≤ 2 GB peak RSS; 3M ≤ 3.3× the 1M time.
 
-Run: ``.venv/bin/python benchmarks/bench_spark.py [--sizes 100000,1000000,3000000]``.
+The Spark settings are the jobs' recommended ones for local mode (``recommended_conf("local[2]")``, what the
+operator submits); ``--conf KEY=VALUE`` overrides one for an A/B comparison.
+
+Run: ``.venv/bin/python benchmarks/bench_spark.py [--sizes 100000,1000000,3000000] [--conf KEY=VALUE ...]``.
 """
 
 from __future__ import annotations
@@ -27,23 +31,35 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from generate_dead_letters import generate  # noqa: E402
 
-from airflow_provider_babelqueue.spark import job_path  # noqa: E402
+from airflow_provider_babelqueue.spark import job_path, recommended_conf  # noqa: E402
 
-CONF = {
-    "spark.ui.enabled": "false",
-    "spark.sql.shuffle.partitions": "8",
-    "spark.sql.files.maxPartitionBytes": str(64 << 20),
-    "spark.driver.memory": "1g",
-    "spark.sql.adaptive.enabled": "true",
-}
+#: Exactly what BabelQueueSparkTriageOperator submits on a local[2] connection (the jobs' recommended settings);
+#: ``--conf KEY=VALUE`` overrides one, as the operator's ``conf`` does.
+CONF = recommended_conf("local[2]")
+
+
+def _unexeced_fork(proc: psutil.Process) -> bool:
+    """A child the JVM is spawning (Hadoop runs ``chmod`` for every file it creates on a local disk): between
+    its fork and its exec it shares the JVM's memory and reports the JVM's whole RSS as its own, so counting it
+    would add the JVM a second time. It still runs the parent's executable under the spawning thread's name
+    (e.g. ``Executor task l``); real children (the Python driver, ``chmod`` itself) do not."""
+    parent = proc.parent()
+    return parent is not None and proc.exe() == parent.exe() and proc.name() != parent.name()
 
 
 def tree_rss(process: psutil.Process) -> int:
+    """RSS summed over the process tree, each address space once (see :func:`_unexeced_fork`)."""
     total = 0
-    for proc in [process, *process.children(recursive=True)]:
+    try:
+        tree = [process, *process.children(recursive=True)]
+    except psutil.Error:  # the job just ended
+        return 0
+    for proc in tree:
         try:
+            if proc is not process and _unexeced_fork(proc):
+                continue
             total += proc.memory_info().rss
-        except psutil.NoSuchProcess:
+        except psutil.Error:  # gone, or exec'ing right now
             pass
     return total
 
@@ -82,7 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="100000,1000000", help="comma-separated record counts")
     parser.add_argument("--work", type=Path, default=Path("/tmp/babelqueue-bench-spark"))
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one Spark setting (repeatable), e.g. --conf spark.driver.memory=768m")
     args = parser.parse_args(argv)
+    CONF.update(item.split("=", 1) for item in args.conf)
     sizes = [int(size) for size in args.sizes.split(",")]
     rows = []
     for n in sizes:

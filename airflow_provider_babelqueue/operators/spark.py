@@ -16,9 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-from ..spark import JOBS, job_path
+from ..spark import JOBS, job_path, recommended_conf
 
 __all__ = ["BabelQueueSparkTriageOperator", "package_zip"]
 
@@ -61,6 +62,10 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
     Returns ``{"job", "input", "output", ...}`` (XCom): ``summary`` and ``report`` for ``report``, ``summary``
     for ``replay_set`` and ``triage``. Every other keyword argument is ``SparkSubmitOperator``'s (``conf``,
     ``executor_memory``, ``deploy_mode``, ``py_files``, ...).
+
+    The jobs' recommended settings (``airflow_provider_babelqueue.spark.JOB_CONF``, plus ``LOCAL_CONF`` when the
+    connection's master is ``local``/``local[N]``) are submitted too; any key given in ``conf`` replaces its
+    recommended value, so every one of them can be overridden.
 
     :param job: ``"triage"``, ``"report"`` or ``"replay_set"``.
     :param input: input path(s): a path, a folder, a glob or any Hadoop-FS URL, or a list of them (templated;
@@ -165,8 +170,19 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
                 args += [flag, str(value)]
         return args
 
+    def _master(self) -> str | None:
+        """The connection's Spark master (as the Spark hook reads it: the host, e.g. ``local[2]``), if known."""
+        try:
+            connection = SparkSubmitHook.get_connection(self.conn_id)
+        except Exception:  # noqa: BLE001 - a missing connection is the Spark hook's error to report, not ours
+            return None
+        return connection.host
+
     def execute(self, context: Any) -> dict[str, Any]:
         self._conn_id = self.conn_id
+        if self.conf is None or isinstance(self.conf, dict):
+            # rendered by now: the recommended settings under the user's own, before the hook copies them
+            self.conf = recommended_conf(self._master(), self.conf)
         self.application_args = self.job_args()
         if self.ship_package:
             zipped = package_zip()

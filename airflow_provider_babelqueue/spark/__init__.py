@@ -12,10 +12,41 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["JOBS", "job_path"]
+__all__ = ["JOBS", "JOB_CONF", "LOCAL_CONF", "job_path", "recommended_conf"]
 
 #: The jobs by name (the operator's ``job`` argument), each a file next to this one.
 JOBS = {"triage": "triage.py", "report": "report.py", "replay_set": "replay_set.py"}
+
+
+#: Spark settings the jobs are tuned for, right on any cluster. ``BabelQueueSparkTriageOperator`` passes them
+#: (its own ``conf`` wins key by key) and ``benchmarks/bench_spark.py`` measures with them.
+JOB_CONF = {
+    # Triage writes its rows partitioned by reason. With a writer per reason open at once, Spark writes them as
+    # they come instead of sorting every (wide) row by reason first; past 8 open files it falls back to sorting.
+    "spark.sql.maxConcurrentOutputFileWriters": "8",
+}
+
+#: Extra settings for local mode (a ``local``/``local[N]`` master: one JVM on a small machine, as in the
+#: benchmark and the tests), added by the operator when its connection's master is local.
+LOCAL_CONF = {
+    "spark.ui.enabled": "false",  # no web UI to start (time and memory) for a batch job nobody watches
+    "spark.sql.shuffle.partitions": "8",  # 200 is sized for clusters; adaptive execution coalesces from 8
+    "spark.driver.memory": "1g",  # the driver is the executor: this caps the heap of the whole job
+    # One JVM with a small heap and two cores: the serial collector costs less CPU than G1 (no concurrent
+    # threads) and less memory (no remembered sets); its pauses are short on a 1 GiB heap.
+    "spark.driver.extraJavaOptions": "-XX:+UseSerialGC",
+}
+
+
+def recommended_conf(master: str | None, conf: dict[str, str] | None = None) -> dict[str, str]:
+    """The settings to submit a job with: :data:`JOB_CONF`, plus :data:`LOCAL_CONF` for a local master, with
+    ``conf`` (the caller's own) overriding any of them key by key.
+
+    :param master: the Spark master (``local[2]``, ``yarn``, ``spark://...``, ...); ``None`` if unknown.
+    :param conf: the caller's settings; they always win.
+    """
+    local = bool(master) and (master == "local" or master.startswith("local["))
+    return {**JOB_CONF, **(LOCAL_CONF if local else {}), **(conf or {})}
 
 
 def job_path(job: str) -> str:

@@ -46,53 +46,67 @@ def _bucket(age: F.Column) -> F.Column:
 
 
 def summarize(rows: DataFrame, input_path: str = "") -> dict[str, Any]:
-    """The report's numbers, from triage rows (see docs/spark.md for the layout of ``summary.json``)."""
-    rows = rows.select("reason", "urn", "original_queue", "lang", "exception", "exception_type", "error",
-                       "error_pattern", "fingerprint", "failed_at", "age_ms", "copies").cache()
-    try:
-        totals = rows.agg(
-            F.count(F.lit(1)).alias("dead_letters"), F.coalesce(F.sum("copies"), F.lit(0)).alias("records"),
-            F.sum(F.when(F.col("reason") == str(Reason.POISON), 1).otherwise(0)).alias("poison"),
-            F.countDistinct("urn").alias("urns"), F.countDistinct("original_queue").alias("queues"),
-            F.countDistinct("fingerprint").alias("fingerprints"),
-            F.min("failed_at").alias("first_failed_at"), F.max("failed_at").alias("last_failed_at"),
-            F.sum(F.when(F.col("failed_at").isNull(), 1).otherwise(0)).alias("without_failed_at"),
-        ).first().asDict()
-        totals = {key: (value if value is not None or key.endswith("failed_at") else 0)
-                  for key, value in totals.items()}
-        totals["records"] = int(totals["records"])
-        totals["duplicates_removed"] = totals["records"] - totals["dead_letters"]
+    """The report's numbers, from triage rows (see docs/spark.md for the layout of ``summary.json``).
 
-        groups = rows.groupBy("reason", "urn", "original_queue").count()
-        by_group = [{"reason": r["reason"], "urn": r["urn"], "original_queue": r["original_queue"], "count": r["count"]}
-                    for r in groups.orderBy(F.desc("count"), "reason", "urn", "original_queue").limit(TOP_GROUPS)
-                    .collect()]
-        by_reason = {r["reason"]: r["count"] for r in rows.groupBy("reason").count().orderBy("reason").collect()}
+    Four Spark jobs, each reading only the columns it needs straight from the input (Parquet is columnar, so
+    that is cheap, and nothing is cached: the report adds no memory to a triage that just wrote the rows):
+    the totals with the age buckets (a fixed set of labels, so they are conditional counts), the small
+    complete breakdowns (by reason, by language, per hour) as grouping sets of one aggregate, and the two
+    top-N lists, ranked on the cluster so that only N rows reach the driver.
 
-        prints = rows.groupBy("fingerprint").agg(
-            F.count(F.lit(1)).alias("count"), F.min("exception").alias("exception"),
-            F.min("exception_type").alias("exception_type"), F.min("error_pattern").alias("error_pattern"),
-            F.min("error").alias("example_error"), F.sort_array(F.collect_set("reason")).alias("reasons"),
-            F.min("failed_at").alias("first_failed_at"), F.max("failed_at").alias("last_failed_at"))
-        top = [r.asDict() for r in prints.orderBy(F.desc("count"), "fingerprint").limit(TOP_FINGERPRINTS).collect()]
+    :param rows: triage rows (the Parquet ``triage.py`` writes, or the DataFrame it wrote).
+    :param input_path: what to name as the input in the summary.
+    """
+    bucket = _bucket(F.col("age_ms"))
+    labels = [label for label, _ in AGE_BUCKETS] + ["unknown"]
+    totals_row = rows.agg(
+        F.count(F.lit(1)).alias("dead_letters"), F.coalesce(F.sum("copies"), F.lit(0)).alias("records"),
+        F.sum(F.when(F.col("reason") == str(Reason.POISON), 1).otherwise(0)).alias("poison"),
+        F.countDistinct("urn").alias("urns"), F.countDistinct("original_queue").alias("queues"),
+        F.countDistinct("fingerprint").alias("fingerprints"),
+        F.min("failed_at").alias("first_failed_at"), F.max("failed_at").alias("last_failed_at"),
+        F.sum(F.when(F.col("failed_at").isNull(), 1).otherwise(0)).alias("without_failed_at"),
+        *[F.count(F.when(bucket == label, 1)).alias(f"_age_{i}") for i, label in enumerate(labels)],
+    ).first().asDict()
+    ages = {label: totals_row.pop(f"_age_{i}") for i, label in enumerate(labels)}
+    totals = {key: (value if value is not None or key.endswith("failed_at") else 0)
+              for key, value in totals_row.items()}
+    totals["records"] = int(totals["records"])
+    totals["duplicates_removed"] = totals["records"] - totals["dead_letters"]
+    age_buckets = [{"bucket": label, "count": ages[label]} for label, _ in AGE_BUCKETS]
+    if ages["unknown"]:
+        age_buckets.append({"bucket": "unknown", "count": ages["unknown"]})
 
-        hours = {r["h"]: r["count"] for r in rows.where(F.col("failed_at").isNotNull())
-                 .groupBy((F.floor(F.col("failed_at") / HOUR_MS) * HOUR_MS).alias("h")).count().collect()}
-        if hours and (max(hours) - min(hours)) // HOUR_MS <= _MAX_HOURS_FILLED:
-            keys = range(min(hours), max(hours) + HOUR_MS, HOUR_MS)
-        else:
-            keys = sorted(hours)
-        hourly = [{"hour": _hour_iso(h), "epoch_ms": h, "count": hours.get(h, 0)} for h in keys]
+    # by reason, by language and per hour: one scan; grouping_id tells which breakdown a row belongs to
+    hour = F.floor(F.col("failed_at") / HOUR_MS) * HOUR_MS
+    small = rows.select("reason", "lang", hour.alias("h")).groupingSets(
+        [["reason"], ["lang"], ["h"]], "reason", "lang", "h").agg(
+        F.count(F.lit(1)).alias("count"), F.grouping_id("reason", "lang", "h").alias("gid")).collect()
+    by_set: dict[str, list[Any]] = {"reason": [], "lang": [], "h": []}
+    for r in small:
+        name = {0b011: "reason", 0b101: "lang", 0b110: "h"}[r["gid"]]
+        by_set[name].append(r)
+    by_reason = {r["reason"]: r["count"]
+                 for r in sorted(by_set["reason"], key=lambda r: (r["reason"] is not None, r["reason"] or ""))}
+    langs = {(r["lang"] or "unknown"): r["count"] for r in by_set["lang"]}
+    hours = {r["h"]: r["count"] for r in by_set["h"] if r["h"] is not None}
+    if hours and (max(hours) - min(hours)) // HOUR_MS <= _MAX_HOURS_FILLED:
+        keys = range(min(hours), max(hours) + HOUR_MS, HOUR_MS)
+    else:
+        keys = sorted(hours)
+    hourly = [{"hour": _hour_iso(h), "epoch_ms": h, "count": hours.get(h, 0)} for h in keys]
 
-        bucketed = rows.groupBy(_bucket(F.col("age_ms")).alias("bucket")).count()
-        ages = {r["bucket"]: r["count"] for r in bucketed.collect()}
-        age_buckets = [{"bucket": label, "count": ages.get(label, 0)} for label, _ in AGE_BUCKETS]
-        if ages.get("unknown"):
-            age_buckets.append({"bucket": "unknown", "count": ages["unknown"]})
+    groups = rows.groupBy("reason", "urn", "original_queue").count()
+    by_group = [{"reason": r["reason"], "urn": r["urn"], "original_queue": r["original_queue"], "count": r["count"]}
+                for r in groups.orderBy(F.desc("count"), "reason", "urn", "original_queue").limit(TOP_GROUPS)
+                .collect()]
 
-        langs = {(r["lang"] or "unknown"): r["count"] for r in rows.groupBy("lang").count().collect()}
-    finally:
-        rows.unpersist()
+    prints = rows.groupBy("fingerprint").agg(
+        F.count(F.lit(1)).alias("count"), F.min("exception").alias("exception"),
+        F.min("exception_type").alias("exception_type"), F.min("error_pattern").alias("error_pattern"),
+        F.min("error").alias("example_error"), F.sort_array(F.collect_set("reason")).alias("reasons"),
+        F.min("failed_at").alias("first_failed_at"), F.max("failed_at").alias("last_failed_at"))
+    top = [r.asDict() for r in prints.orderBy(F.desc("count"), "fingerprint").limit(TOP_FINGERPRINTS).collect()]
     return {
         "version": 1, "input": input_path, "totals": totals, "by_reason": by_reason,
         "by_reason_urn_queue": by_group, "top_fingerprints": top, "hourly": hourly, "age_buckets": age_buckets,

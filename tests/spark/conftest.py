@@ -17,11 +17,13 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_babelqueue.spark import job_path
+from airflow_provider_babelqueue.spark import job_path, recommended_conf
 from tests.spark.dead_letters import write_drain_files
 
 VENV_BIN = str(Path(sys.executable).parent)
-SPARK_CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4", "spark.driver.memory": "1g"}
+# what the operator submits on a local connection (so the known answers hold under the recommended settings),
+# with fewer shuffle partitions for 19 records
+SPARK_CONF = recommended_conf("local[2]", {"spark.sql.shuffle.partitions": "4"})
 
 
 def spark_env() -> dict[str, str]:

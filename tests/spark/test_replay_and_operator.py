@@ -83,6 +83,23 @@ def test_operator_builds_the_job_command() -> None:
         BabelQueueSparkTriageOperator(task_id="t4", job="nope", input="i", output="o")
 
 
+def test_operator_submits_the_recommended_conf_under_the_users_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    from airflow_provider_babelqueue.spark import JOB_CONF, recommended_conf
+
+    submitted: list[dict[str, Any]] = []
+    monkeypatch.setattr(SparkSubmitOperator, "execute", lambda self, context: submitted.append(dict(self.conf)))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_LOCAL_CONF", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_YARN_CONF", json.dumps({"conn_type": "spark", "host": "yarn"}))
+    BabelQueueSparkTriageOperator(task_id="l", job="report", input="i", output="o", conn_id="spark_local_conf",
+                                  conf={"spark.driver.memory": "2g"}).execute(context={})
+    BabelQueueSparkTriageOperator(task_id="y", job="report", input="i", output="o",
+                                  conn_id="spark_yarn_conf").execute(context={})
+    assert submitted == [recommended_conf("local[2]", {"spark.driver.memory": "2g"}), JOB_CONF]
+    assert submitted[0]["spark.driver.memory"] == "2g"
+
+
 def test_package_zip_holds_the_jobs(tmp_path: Path) -> None:
     import zipfile
 
