@@ -9,7 +9,10 @@ JVM's memory and is not counted twice.
 Goals: 1M records ≤ 30 s wall and ≤ 2 GB peak RSS; 3M ≤ 3.3× the 1M time.
 
 The Spark settings are the jobs' recommended ones for local mode (``recommended_conf("local[2]")``, what the
-operator submits); ``--conf KEY=VALUE`` overrides one for an A/B comparison.
+operator submits); ``--conf KEY=VALUE`` overrides one for an A/B comparison. The driver JVM uses a class-data
+archive (``spark/class_archive.py``; built under ``--work`` on first use, its build time printed), as the
+operator does with ``class_archive=``; the smallest size also runs without it, the baseline of that saving.
+``--no-class-archive`` measures everything without it.
 
 Run: ``.venv/bin/python benchmarks/bench_spark.py [--sizes 100000,1000000,3000000] [--conf KEY=VALUE ...]``.
 """
@@ -32,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from generate_dead_letters import generate  # noqa: E402
 
 from airflow_provider_babelqueue.spark import job_path, recommended_conf  # noqa: E402
+from airflow_provider_babelqueue.spark.class_archive import build_class_archive  # noqa: E402
 
 #: Exactly what BabelQueueSparkTriageOperator submits on a local[2] connection (the jobs' recommended settings);
 #: ``--conf KEY=VALUE`` overrides one, as the operator's ``conf`` does.
@@ -64,12 +68,13 @@ def tree_rss(process: psutil.Process) -> int:
     return total
 
 
-def run(job: str, args: list[str]) -> tuple[float, int, dict]:
-    """Run one job; returns (wall seconds, peak tree RSS bytes, its summary line)."""
+def run(job: str, args: list[str], conf: dict[str, str] | None = None) -> tuple[float, int, dict]:
+    """Run one job (with ``conf``, default :data:`CONF`); returns (wall seconds, peak tree RSS bytes, its summary
+    line)."""
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     command = [shutil.which("spark-submit", path=env["PATH"]) or "spark-submit", "--master", "local[2]"]
-    for key, value in CONF.items():
+    for key, value in (CONF if conf is None else conf).items():
         command += ["--conf", f"{key}={value}"]
     started = time.perf_counter()
     proc = subprocess.Popen([*command, job_path(job), *args], env=env, stdout=subprocess.PIPE,
@@ -100,8 +105,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/babelqueue-bench-spark"))
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="override one Spark setting (repeatable), e.g. --conf spark.driver.memory=768m")
+    parser.add_argument("--no-class-archive", action="store_true", help="run the driver JVM without a class archive")
     args = parser.parse_args(argv)
-    CONF.update(item.split("=", 1) for item in args.conf)
+    overrides = dict(item.split("=", 1) for item in args.conf)
+    plain = recommended_conf("local[2]", overrides)
+    CONF.clear()
+    CONF.update(plain)
+    if not args.no_class_archive:
+        archive = args.work / "spark-driver.jsa"
+        if not archive.exists():
+            started = time.perf_counter()
+            build_class_archive(archive, conf=plain)
+            print(f"  class archive built in {time.perf_counter() - started:.1f} s: {archive}", flush=True)
+        CONF.update(recommended_conf("local[2]", overrides, class_archive=str(archive)))
     sizes = [int(size) for size in args.sizes.split(",")]
     rows = []
     for n in sizes:
@@ -118,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         # the standalone report job on the same Parquet, for comparison
         t_report, rss_report, _ = run("report", ["--input", str(triage_dir), "--output", str(report_dir)])
         rows.append((n, mb, t_triage, t_report, rss_triage, rss_report, summary["rows"]))
+        if n == min(sizes) and CONF != plain:
+            t_plain, _, _ = run("triage", ["--input", str(data), "--output", str(triage_dir),
+                                           "--report-output", str(report_dir)], plain)
+            print(f"  {n:>9,}: triage+report without the class archive {t_plain:5.1f} s "
+                  f"(the archive saves {t_plain - t_triage:.1f} s, {t_plain / t_triage:.2f}×)", flush=True)
         print(f"  {n:>9,}: triage+report {t_triage:5.1f} s, report alone {t_report:5.1f} s, "
               f"peak {rss_triage / 2**30:.2f} / {rss_report / 2**30:.2f} GiB, "
               f"{summary['rows']:,} rows ({summary['duplicates_removed']:,} duplicates)", flush=True)

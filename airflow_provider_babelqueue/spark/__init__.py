@@ -38,15 +38,27 @@ LOCAL_CONF = {
 }
 
 
-def recommended_conf(master: str | None, conf: dict[str, str] | None = None) -> dict[str, str]:
+def recommended_conf(master: str | None, conf: dict[str, str] | None = None,
+                     class_archive: str | None = None) -> dict[str, str]:
     """The settings to submit a job with: :data:`JOB_CONF`, plus :data:`LOCAL_CONF` for a local master, with
     ``conf`` (the caller's own) overriding any of them key by key.
 
     :param master: the Spark master (``local[2]``, ``yarn``, ``spark://...``, ...); ``None`` if unknown.
     :param conf: the caller's settings; they always win.
+    :param class_archive: a local master only: the driver JVM's class-data archive
+        (:mod:`~airflow_provider_babelqueue.spark.class_archive`), appended to whatever
+        ``spark.driver.extraJavaOptions`` ends up being, when the file exists (else ignored).
     """
     local = bool(master) and (master == "local" or master.startswith("local["))
-    return {**JOB_CONF, **(LOCAL_CONF if local else {}), **(conf or {})}
+    settings = {**JOB_CONF, **(LOCAL_CONF if local else {}), **(conf or {})}
+    if local and class_archive:
+        from .class_archive import archive_option
+
+        option = archive_option(class_archive)
+        if option is not None:
+            key = "spark.driver.extraJavaOptions"
+            settings[key] = " ".join(filter(None, (settings.get(key), option)))
+    return settings
 
 
 def job_path(job: str) -> str:
