@@ -35,6 +35,9 @@ from . import envelope as bq
 from .bindings.base import Binding, BindingError, ReceivedMessage, bumped_body
 from .idempotency import SeenStore
 
+#: The contract's integers are signed 64-bit (and so are the brokers' attempts columns and headers).
+_MAX_COUNT = 2**63 - 1
+
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_NESTING_DEPTH",
@@ -286,8 +289,9 @@ class Consumer:
         failed_runs: int = 0,
         meta_id: str | None = None,
     ) -> str:
-        # attempts in the dead_letter block = deliveries that were given up on (as the other SDKs record it)
-        counted = dataclasses.replace(message, attempts=message.attempts + failed_runs)
+        # attempts in the dead_letter block = deliveries that were given up on (as the other SDKs record it),
+        # saturating at the contract's largest integer: a body claiming 2**63 - 1 attempts must still be stored
+        counted = dataclasses.replace(message, attempts=min(message.attempts + failed_runs, _MAX_COUNT))
         self.binding.dead_letter(counted, reason, error=error, exception=exception)
         self.summary.dead_lettered[reason] += 1
         self.log.warning("dead-lettered %s (%s): %s", meta_id or message.meta_id or "<no meta.id>", reason, error)

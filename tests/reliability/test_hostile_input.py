@@ -396,6 +396,7 @@ def test_fuzzed_raw_bodies_end_handled_or_dead_lettered_and_drain_byte_exact(
 
 @FUZZ
 @given(bodies=st.lists(mutated_envelopes(), min_size=1, max_size=6))
+@example(bodies=[template(FAIL_URN).replace(b'"attempts":0', b'"attempts":9223372036854775807')])  # found by CI
 def test_fuzzed_envelopes_end_handled_or_dead_lettered_with_their_reason(
     binding: Binding, drain_dir: Path, bodies: list[bytes]
 ) -> None:
