@@ -157,6 +157,12 @@ class _RecordTemplate:
         self._base64 = b',"body_encoding":"base64"' + same
         self._tail = b',"native_reason":null,"headers":{},"drained_at":'
 
+    @classmethod
+    def for_source(cls, source: DrainSource) -> _RecordTemplate:
+        binding = source.binding
+        return cls(broker=binding.name, queue_name=source.queue_name,
+                   dead_letter_queue=binding.dead_letter_name(source.queue_name), source_conn_id=source.conn_id)
+
     @staticmethod
     def stamp(drained_at: int) -> bytes:
         """``drained_at`` as the record's closing bytes (computed once per batch by the callers)."""
@@ -551,14 +557,30 @@ class _Drain:
         :attr:`full`, and it and the rest of the batch go back to the DLQ at once."""
         records = template.of_raws(batch.batch.raws, template.stamp(time.time_ns() // 1_000_000))
         self.hand, self.taken = batch, 0
+        added = self._buffer(source, records, batch)
+        if added < len(records):
+            self.hand = None
+            _give_back(batch.binding, batch.held(added, len(records)), self.log)  # not in the file
+
+    def add_raws(self, source: DrainSource, raws: Sequence[bytes], template: _RecordTemplate) -> None:
+        """Browse mode's :meth:`add_batch`: records of stored bytes, nothing reserved (nothing to ack or give
+        back); stops (:attr:`full`) at the first record past ``max_bytes`` or ``max_messages``."""
+        for start in range(0, len(raws), self.batch_records):
+            chunk = raws[start:start + self.batch_records]
+            self._buffer(source, template.of_raws(chunk, template.stamp(time.time_ns() // 1_000_000)), None)
+            if self.full:
+                return
+
+    def _buffer(self, source: DrainSource, records: Sequence[bytes], batch: _Piped | None) -> int:
+        """Buffer ``records`` while they fit (:meth:`room_for`; the first that does not sets :attr:`full`),
+        flushing at the batch thresholds; record ``i`` is reservation ``i`` of ``batch`` when there is one.
+        Returns how many were buffered."""
         result, buffer, start = self.result, self.buffer, 0
-        max_messages, max_bytes = self.max_messages, self.max_bytes
         batch_records, batch_bytes = self.batch_records, self.batch_bytes
         added = len(records)
         for index, record in enumerate(records):
             size = len(record)
-            if ((max_bytes is not None and result.bytes and result.bytes + size > max_bytes)
-                    or (max_messages is not None and result.records >= max_messages)):
+            if not self.room_for(size):
                 self.full, added = True, index
                 break
             buffer.append(record)
@@ -566,39 +588,16 @@ class _Drain:
             result.records += 1
             result.bytes += size
             if len(buffer) >= batch_records or self.buffered >= batch_bytes:
-                self._hold(batch, start, index + 1)
-                start = self.taken = index + 1
+                if batch is not None:
+                    self._hold(batch, start, index + 1)
+                    start = self.taken = index + 1
                 self.flush()
-        self._hold(batch, start, added)
-        self.taken = added
+        if batch is not None:
+            self._hold(batch, start, added)
+            self.taken = added
         result.by_source[source.key] = result.by_source.get(source.key, 0) + added
-        if added < len(records):
-            self.hand = None
-            _give_back(batch.binding, batch.held(added, len(records)), self.log)  # not in the file
         self._progress()
-
-    def add_raws(self, source: DrainSource, raws: Sequence[bytes], template: _RecordTemplate) -> None:
-        """Browse mode's :meth:`add_batch`: records of stored bytes, nothing reserved (nothing to ack or give
-        back); stops (:attr:`full`) at the first record past ``max_bytes`` or ``max_messages``."""
-        for start in range(0, len(raws), self.batch_records):
-            chunk = raws[start:start + self.batch_records]
-            records = template.of_raws(chunk, template.stamp(time.time_ns() // 1_000_000))
-            result, buffer = self.result, self.buffer
-            added = len(records)
-            for index, record in enumerate(records):
-                if not self.room_for(len(record)):
-                    self.full, added = True, index
-                    break
-                buffer.append(record)
-                self.buffered += len(record)
-                result.records += 1
-                result.bytes += len(record)
-                if len(buffer) >= self.batch_records or self.buffered >= self.batch_bytes:
-                    self.flush()
-            result.by_source[source.key] = result.by_source.get(source.key, 0) + added
-            self._progress()
-            if self.full:
-                return
+        return added
 
     def _hold(self, batch: _Reserved | _Piped, start: int, stop: int) -> None:
         """Reservations ``start``..``stop`` - 1 of ``batch`` now have records in the buffer."""
@@ -650,35 +649,34 @@ class _Drain:
     def settle_sync(self) -> None:
         """Wait for the sync in flight (sync-ahead mode), then ack the batch it made durable. A failed sync puts
         its segments back in :attr:`unsynced` (not durable: cut from the file and released) and raises."""
-        if self.syncing is None:
-            return
-        future, segments, durable = self.syncing
-        self.syncing = None
-        try:
-            future.result()
-        except BaseException:
-            self.unsynced[:0] = segments
-            raise
-        self.durable = durable
-        self.unacked.extend(segments)
+        error = self._collect_sync()
+        if error is not None:
+            raise error
         self.ack_all()
 
     def stop_syncer(self) -> None:
         """Leave sync-ahead mode once no sync is in flight (after :meth:`settle_sync`, or on failure: then
         the sync in flight is waited for and its batch counts as durable only if it succeeded)."""
-        if self.syncing is not None:
-            future, segments, durable = self.syncing
-            self.syncing = None
-            try:
-                future.result()
-            except BaseException:  # noqa: BLE001 - not durable: cut from the file and released with the rest
-                self.unsynced[:0] = segments
-            else:
-                self.durable = durable
-                self.unacked.extend(segments)
+        self._collect_sync()  # an error here is already being handled: the batch is released with the rest
         if self.syncer is not None:
             syncer, self.syncer = self.syncer, None
             syncer.shutdown(wait=True)
+
+    def _collect_sync(self) -> BaseException | None:
+        """Wait for the sync in flight, if any: on success its segments are durable and wait for their ack; on
+        failure they go back to :attr:`unsynced` and the error is returned."""
+        if self.syncing is None:
+            return None
+        future, segments, durable = self.syncing
+        self.syncing = None
+        try:
+            future.result()
+        except BaseException as exc:  # noqa: BLE001 - returned to the caller, which raises or releases
+            self.unsynced[:0] = segments
+            return exc
+        self.durable = durable
+        self.unacked.extend(segments)
+        return None
 
     def ack_all(self) -> None:
         """Ack in reservation order (cheapest for list-based DLQs): a pipelined segment through its pipeline
@@ -764,10 +762,7 @@ class _Drain:
         their records; :meth:`flush` acks each durable batch with ``ack_many``. A binding with a dead-letter
         pipeline (Redis) is drained through it instead (:meth:`move_pipelined`); with a ``reserve_timeout``, a
         source found empty is then waited for here."""
-        binding = source.binding
-        dlq_name = binding.dead_letter_name(source.queue_name)
-        template = _RecordTemplate(broker=binding.name, queue_name=source.queue_name, dead_letter_queue=dlq_name,
-                                   source_conn_id=source.conn_id)
+        binding, template = source.binding, _RecordTemplate.for_source(source)
         pipeline = binding.open_dead_letter_pipeline(source.queue_name)
         if pipeline is not None:
             self.move_pipelined(source, pipeline, template)
@@ -831,9 +826,7 @@ class _Drain:
         """Read the DLQ in growing windows (browse has no cursor: each call reads from the head) and write
         the messages past the ones already written. A concurrent consumer can shift the window: browse
         mode is a best-effort snapshot, not an exact one. A window is held in memory whole."""
-        binding, dlq_name = source.binding, source.binding.dead_letter_name(source.queue_name)
-        template = _RecordTemplate(broker=binding.name, queue_name=source.queue_name, dead_letter_queue=dlq_name,
-                                   source_conn_id=source.conn_id)
+        binding, template = source.binding, _RecordTemplate.for_source(source)
         # Start with the whole DLQ (one read when nothing arrives meanwhile); the window doubles if it grew.
         seen, limit = 0, max(self.batch_records, binding.dead_letter_depth(source.queue_name) + 1)
         while not self.count_full() and not self.full:

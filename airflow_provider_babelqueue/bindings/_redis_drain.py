@@ -13,53 +13,11 @@ from typing import Any
 
 from ._redis_lua import _ACK_HEAD, _RESERVE_MANY, _SWEEP_BATCH
 from .base import BindingError, ReceivedMessage
-from .redis import _MANY_CHUNK, RedisBinding, _Receipt
+from .redis import _MANY_CHUNK, DeadLetterBatch, RedisBinding, _as_bytes
 
-__all__ = ["DeadLetterBatch", "RedisDeadLetterPipeline"]
+__all__ = ["RedisDeadLetterPipeline"]
 
 logger = logging.getLogger(__name__)
-
-#: ``%08x`` of 0.._MANY_CHUNK: the index part of a batch reservation's token (see DeadLetterBatch.tokens).
-_HEX_INDEXES = tuple(f"{index:08x}" for index in range(_MANY_CHUNK + 1))
-
-
-class DeadLetterBatch:
-    """The dead letters one ``_RESERVE_MANY`` call reserved, kept as the raw values the server returned.
-
-    A drain needs only the bytes (its record carries the body verbatim) and a way to ack them: building a
-    :class:`ReceivedMessage` (and decoding its envelope) per dead letter cost more than the rest of the drain,
-    so messages are built only on demand, to release them. Reservation ``i`` (0-based) holds the token
-    ``<stem><i + 1 as 8 hex>``, exactly as :meth:`RedisBinding.reserve_dead_letters` names them.
-
-    :ivar raws: the stored values, in reservation order.
-    :ivar requested: how many were asked for; fewer means the DLQ had no more ready at that moment.
-    """
-
-    __slots__ = ("binding", "queue_name", "processing", "stem", "raws", "requested")
-
-    def __init__(self, binding: RedisBinding, queue_name: str, processing: str, stem: str, raws: list[bytes],
-                 requested: int) -> None:
-        self.binding, self.queue_name, self.processing = binding, queue_name, processing
-        self.stem, self.raws, self.requested = stem, raws, requested
-
-    def __len__(self) -> int:
-        return len(self.raws)
-
-    def tokens(self, start: int, stop: int) -> str:
-        """The 32-character tokens of reservations ``start``..``stop`` - 1, concatenated (an ack's argument):
-        the stem joined with the precomputed 8-hex indexes, one C-level join instead of a format per token."""
-        if stop <= start:
-            return ""
-        return self.stem + self.stem.join(_HEX_INDEXES[start + 1:stop + 1])
-
-    def receipts(self, start: int, stop: int) -> list[_Receipt]:
-        stem, raws, processing = self.stem, self.raws, self.processing
-        return [_Receipt(f"{stem}{index + 1:08x}", raws[index], processing) for index in range(start, stop)]
-
-    def messages(self, start: int = 0, stop: int | None = None) -> list[ReceivedMessage]:
-        """Reservations ``start``..``stop`` - 1 as messages the binding can ack or release one by one."""
-        receipts = self.receipts(start, len(self.raws) if stop is None else stop)
-        return [self.binding._parsed(receipt.raw, self.queue_name, True, receipt) for receipt in receipts]
 
 
 class RedisDeadLetterPipeline:
@@ -128,10 +86,7 @@ class RedisDeadLetterPipeline:
         while self._pending[0][0] == "ack":
             self._settle_next()
         (_, stem, want), reply = self._next_reply()
-        raws = reply if isinstance(reply, list) else []
-        for index, raw in enumerate(raws):
-            if raw.__class__ is not bytes:
-                raws[index] = raw.encode("utf-8", "surrogateescape") if isinstance(raw, str) else bytes(raw)
+        raws = _as_bytes(reply) if isinstance(reply, list) else []
         return DeadLetterBatch(self.binding, self.queue_name, self._keys[1], stem, raws, want)
 
     def finish(self) -> None:
@@ -171,7 +126,7 @@ class RedisDeadLetterPipeline:
                         held.extend(entry[1].messages(entry[2], entry[3]))
                 elif isinstance(reply, list) and reply:
                     batch = DeadLetterBatch(self.binding, self.queue_name, self._keys[1], entry[1],
-                                            [bytes(raw) for raw in reply], entry[2])
+                                            _as_bytes(reply), entry[2])
                     held.extend(batch.messages())
         except Exception:  # noqa: BLE001 - the connection is unusable: the server returns the rest later
             logger.warning("the Redis drain connection for %r failed while aborting; its unread reservations "

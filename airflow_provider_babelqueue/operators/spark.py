@@ -20,6 +20,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from ..spark import JOBS, job_path, recommended_conf
+from ..spark.class_archive import archive_option
 
 __all__ = ["BabelQueueSparkTriageOperator", "package_zip"]
 
@@ -186,7 +187,7 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         self._conn_id = self.conn_id
         archive = self.class_archive or None
-        if archive and not os.path.isfile(archive):
+        if archive and archive_option(archive) is None:
             self.log.info("class archive %s does not exist; running without it (build it with `python -m "
                           "airflow_provider_babelqueue.spark.class_archive %s` on this worker)", archive, archive)
         if self.conf is None or isinstance(self.conf, dict):
