@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,3 +65,23 @@ def compact(value: Any) -> bytes:
 @pytest.fixture(scope="session")
 def manifest() -> dict[str, Any]:
     return conformance_manifest()
+
+
+@pytest.fixture(scope="session")
+def spark_class_archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path | None]:
+    """One driver class-data archive for every ``spark-submit`` of the session, built by the product's own
+    ``build_class_archive`` and set as the worker-wide ``BABELQUEUE_SPARK_CLASS_ARCHIVE`` (which the operator
+    reads and the Spark tests' own submits pass on): each JVM then starts about 4 s sooner. ``None`` (nothing
+    set) when Spark or Java is not installed; the tests that need Spark skip themselves then."""
+    from airflow_provider_babelqueue.spark.class_archive import CLASS_ARCHIVE_ENV, build_class_archive
+    from tests.spark.conftest import spark_env, spark_submit_path
+
+    submit = spark_submit_path()
+    if submit is None or shutil.which("java") is None:
+        yield None
+        return
+    archive = build_class_archive(tmp_path_factory.mktemp("cds") / "driver.jsa", spark_submit=submit,
+                                  env=spark_env())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CLASS_ARCHIVE_ENV, str(archive))
+        yield archive

@@ -20,7 +20,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from ..spark import JOBS, job_path, recommended_conf
-from ..spark.class_archive import archive_option
+from ..spark.class_archive import CLASS_ARCHIVE_ENV, archive_option
 
 __all__ = ["BabelQueueSparkTriageOperator", "package_zip"]
 
@@ -91,7 +91,9 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
     :param name: the Spark application name; default ``babelqueue-<job>``.
     :param class_archive: local masters only: a JVM class-data archive for the driver, built once with
         ``python -m airflow_provider_babelqueue.spark.class_archive <path>`` on the worker; it halves the JVM's
-        start-up (a missing file is logged and the job runs without it; templated).
+        start-up (a missing file is logged and the job runs without it; templated). The archive belongs to the
+        worker machine (its JDK and Spark), so by default it is read from the worker's environment,
+        ``BABELQUEUE_SPARK_CLASS_ARCHIVE``, at execution: set it once per worker and every DAG uses it.
     :param env_vars: environment for spark-submit; ``PYSPARK_PYTHON`` defaults to this interpreter
         (``sys.executable``) unless given (on a cluster, give the executors' Python).
     """
@@ -186,7 +188,7 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         self._conn_id = self.conn_id
-        archive = self.class_archive or None
+        archive = self.class_archive or os.environ.get(CLASS_ARCHIVE_ENV) or None
         if archive and archive_option(archive) is None:
             self.log.info("class archive %s does not exist; running without it (build it with `python -m "
                           "airflow_provider_babelqueue.spark.class_archive %s` on this worker)", archive, archive)

@@ -11,7 +11,9 @@ Measured on this project's 2-core machine (docs/benchmarks.md): a bare ``spark-s
 an upgrade the JVM reports the mismatch on stderr and runs without it (``-Xshare:auto``), so a stale archive
 costs only the saving; rebuild it.
 
-Build one: ``python -m airflow_provider_babelqueue.spark.class_archive /path/to/spark-driver.jsa``.
+Build one: ``python -m airflow_provider_babelqueue.spark.class_archive /path/to/spark-driver.jsa`` (or, with
+no path, at ``$BABELQUEUE_SPARK_CLASS_ARCHIVE``: the worker-wide setting ``BabelQueueSparkTriageOperator`` reads
+when its ``class_archive`` is not given).
 """
 
 from __future__ import annotations
@@ -25,7 +27,11 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["archive_option", "build_class_archive", "main", "sample_records"]
+__all__ = ["CLASS_ARCHIVE_ENV", "archive_option", "build_class_archive", "main", "sample_records"]
+
+#: The environment variable naming a worker's archive: the operator's default ``class_archive`` and this
+#: module's default output path.
+CLASS_ARCHIVE_ENV = "BABELQUEUE_SPARK_CLASS_ARCHIVE"
 
 
 def archive_option(path: str | os.PathLike[str] | None) -> str | None:
@@ -117,8 +123,12 @@ def build_class_archive(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Build the Spark driver's class-data archive (see the module doc).")
-    parser.add_argument("path", help="where to write the archive, e.g. ~/.cache/babelqueue/spark-driver.jsa")
+    parser.add_argument("path", nargs="?", default=os.environ.get(CLASS_ARCHIVE_ENV),
+                        help="where to write the archive, e.g. ~/.cache/babelqueue/spark-driver.jsa "
+                             f"(default: ${CLASS_ARCHIVE_ENV})")
     args = parser.parse_args(argv)
+    if not args.path:
+        parser.error(f"give the archive's path, or set {CLASS_ARCHIVE_ENV}")
     print(build_class_archive(args.path))
     return 0
 

@@ -30,6 +30,7 @@ def _table_lines(text: str) -> list[str]:
     return lines[start:end + 1]
 
 
+@pytest.mark.usefixtures("spark_class_archive")  # the worker's archive, as an operator finds it in its environment
 def test_demo_runs_the_triage_dag_and_reruns_from_scratch(tmp_path: Path) -> None:
     home = tmp_path / "airflow"
     home.mkdir()

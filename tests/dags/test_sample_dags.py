@@ -169,6 +169,7 @@ def expected_replays(stored: list[bytes]) -> list[bytes]:
     return sorted(out)
 
 
+@pytest.mark.usefixtures("spark_class_archive")
 @pytest.mark.slow
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_triage_report_dag_end_to_end(bag: Any, broker: dict[str, Any]) -> None:
@@ -201,6 +202,7 @@ def test_triage_report_dag_end_to_end(bag: Any, broker: dict[str, Any]) -> None:
     assert all(bq.decode(body)["attempts"] == 0 and "dead_letter" not in bq.decode(body) for body in replayed)
 
 
+@pytest.mark.usefixtures("spark_class_archive")
 @pytest.mark.slow
 def test_triage_report_dry_run_republishes_nothing(bag: Any, broker_sqlite: dict[str, Any]) -> None:
     binding, queue = broker_sqlite["binding"], broker_sqlite["queue"]
@@ -215,6 +217,7 @@ def test_triage_report_dry_run_republishes_nothing(bag: Any, broker_sqlite: dict
     assert sum(len(p.read_bytes().splitlines()) for p in replay_set.glob("part-*")) == 10
 
 
+@pytest.mark.usefixtures("spark_class_archive")
 @pytest.mark.slow
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_event_triggered_triage_dag_end_to_end(bag: Any, broker: dict[str, Any]) -> None:

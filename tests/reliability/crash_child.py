@@ -1,6 +1,8 @@
 """The process the crash suite kills: a drain or a replay that SIGKILLs itself at a chosen point.
 
-Run as ``python -m tests.reliability.crash_child '<json spec>'``. The spec names the broker, the operation and
+The crash suite starts it with :func:`start` (a process forked from a fork server that has this module and
+the broker clients imported already); ``python -m tests.reliability.crash_child '<json spec>'`` runs one by
+hand. The spec names the broker, the operation and
 the kill point: ``{"method": "ack_many", "nth": 3, "when": "after"}`` kills the process right after the third
 ``ack_many`` returned (the broker has settled, nothing after it ran), ``"when": "before"`` right before the
 call; ``{"seconds": 0.003}`` kills it that long after the first ``reserve_dead_letters`` call (a Redis drain:
@@ -12,10 +14,13 @@ is imported: the drain and the replay engine are the same code the operators run
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import sys
 import threading
+import traceback
+from pathlib import Path
 from typing import Any
 
 from airflow_provider_babelqueue import replay as replay_engine
@@ -107,6 +112,36 @@ def main(spec: dict[str, Any]) -> int:
     print(json.dumps({"finished": True}))
     sys.stdout.flush()
     os._exit(0)  # a finished run skips interpreter teardown, as a killed one would
+
+
+def _run(spec: dict[str, Any], error_file: str) -> None:
+    try:
+        main(spec)
+    except BaseException:  # the test reports it: the child's stderr belongs to the fork server
+        Path(error_file).write_text(traceback.format_exc())
+        os._exit(1)
+
+
+#: Children fork from one server process that imported the drain, the replay engine and the broker clients once:
+#: a start costs milliseconds instead of the second those imports take. A fork of a single-threaded server
+#: is a process of its own, so SIGKILL drops its sockets and files exactly as it does for an exec'd one.
+_CONTEXT = multiprocessing.get_context("forkserver")
+_CONTEXT.set_forkserver_preload([__name__, "airflow_provider_babelqueue.bindings.redis",
+                                 "airflow_provider_babelqueue.bindings.rabbitmq",
+                                 "airflow_provider_babelqueue.bindings.sql",
+                                 "airflow_provider_babelqueue.bindings.stores"])
+
+
+def start(spec: dict[str, Any], error_file: Path, timeout: float = 120) -> tuple[int, str]:
+    """Run one child to its end; returns (exit code: ``-9`` when it killed itself, its error text if any)."""
+    process = _CONTEXT.Process(target=_run, args=(spec, str(error_file)), daemon=True)
+    process.start()
+    process.join(timeout)
+    if process.exitcode is None:
+        process.kill()
+        process.join()
+        raise TimeoutError(f"crash child still running after {timeout} s: {spec}")
+    return process.exitcode, error_file.read_text() if error_file.exists() else ""
 
 
 if __name__ == "__main__":

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -37,7 +35,7 @@ from airflow_provider_babelqueue.bindings.base import Binding
 from airflow_provider_babelqueue.bindings.sql import sqlite_url
 from airflow_provider_babelqueue.drain import DrainSource, LocalFileSink, drain_dead_letters, record_body
 from tests.conftest import take_all
-from tests.reliability.crash_child import make_binding
+from tests.reliability.crash_child import make_binding, start
 
 pytestmark = pytest.mark.slow
 
@@ -112,9 +110,9 @@ def seed_dead_letters(binding: Binding, queue: str) -> dict[str, bytes]:
     return {bq.meta_id_of(bq.decode(body)): body for body in bodies}
 
 
-def run_child(spec: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tests.reliability.crash_child", json.dumps(spec)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, check=False)
+def run_child(spec: dict[str, Any], tmp_path: Path) -> tuple[int, str]:
+    """(exit code, error text) of one crash child (a process of its own, see ``crash_child.start``)."""
+    return start(spec, tmp_path / f"child-{uuid.uuid4().hex[:8]}.err")
 
 
 def read_staging(path: Path) -> list[bytes]:
@@ -167,10 +165,10 @@ def test_kill_9_during_drain_loses_nothing(brokers: dict[str, Broker], tmp_path:
             originals = seed_dead_letters(binding, queue)
             staging = tmp_path / f"drain-{tag}.jsonl"
             kill = draw_kill("drain", kind, rng)
-            done = run_child({"op": "drain", "binding": broker.spec(tag), "queue": queue, "batch": BATCH,
-                              "staging": str(staging), "kill": kill})
-            assert done.returncode in (SIGKILL, 0), done.stderr[-3000:]
-            outcomes["killed" if done.returncode == SIGKILL else "finished"] += 1
+            code, error = run_child({"op": "drain", "binding": broker.spec(tag), "queue": queue, "batch": BATCH,
+                                     "staging": str(staging), "kill": kill}, tmp_path)
+            assert code in (SIGKILL, 0), error[-3000:]
+            outcomes["killed" if code == SIGKILL else "finished"] += 1
             first = read_staging(staging)
             time.sleep(VISIBILITY + 0.1)  # reservations expire (Redis, SQL); RabbitMQ requeues on the closed socket
             rest = tmp_path / f"drain-{tag}-rest.jsonl"
@@ -207,10 +205,11 @@ def test_kill_9_during_replay_loses_nothing_and_reruns_publish_nothing_twice(
         try:
             originals = seed_dead_letters(binding, queue)
             kill = draw_kill("replay", kind, rng)
-            done = run_child({"op": "replay", "binding": broker.spec(tag), "ledger": ledger_spec, "queue": queue,
-                              "target": target, "ledger_name": ledger_name, "batch": BATCH, "kill": kill})
-            assert done.returncode in (SIGKILL, 0), done.stderr[-3000:]
-            outcomes["killed" if done.returncode == SIGKILL else "finished"] += 1
+            code, error = run_child({"op": "replay", "binding": broker.spec(tag), "ledger": ledger_spec,
+                                     "queue": queue, "target": target, "ledger_name": ledger_name, "batch": BATCH,
+                                     "kill": kill}, tmp_path)
+            assert code in (SIGKILL, 0), error[-3000:]
+            outcomes["killed" if code == SIGKILL else "finished"] += 1
             time.sleep(VISIBILITY + 0.1)
             arrived = take_all(binding, target, timeout=0.05)
             outcomes["partial"] += 0 < len(arrived) < MESSAGES

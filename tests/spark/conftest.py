@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_babelqueue.spark import job_path, recommended_conf
+from airflow_provider_babelqueue.spark.class_archive import CLASS_ARCHIVE_ENV
 from tests.spark.dead_letters import write_drain_files
 
 VENV_BIN = str(Path(sys.executable).parent)
@@ -39,9 +40,11 @@ def spark_submit_path() -> str | None:
 
 
 def submit(job: str, *args: str) -> dict[str, Any]:
-    """Run one job with the real spark-submit in local[2]; returns its JSON summary line."""
+    """Run one job with the real spark-submit in local[2] (with the session's class archive, as the operator
+    would pass it); returns its JSON summary line."""
     command = [spark_submit_path() or "spark-submit", "--master", "local[2]"]
-    for key, value in SPARK_CONF.items():
+    conf = recommended_conf("local[2]", SPARK_CONF, class_archive=os.environ.get(CLASS_ARCHIVE_ENV))
+    for key, value in conf.items():
         command += ["--conf", f"{key}={value}"]
     done = subprocess.run([*command, job_path(job), *args], env=spark_env(), capture_output=True, text=True,
                           timeout=300, check=False)
@@ -65,7 +68,7 @@ class SparkRun:
 
 
 @pytest.fixture(scope="session")
-def spark_run(tmp_path_factory: pytest.TempPathFactory) -> SparkRun:
+def spark_run(tmp_path_factory: pytest.TempPathFactory, spark_class_archive: Path | None) -> SparkRun:
     if spark_submit_path() is None or shutil.which("java") is None:
         pytest.skip("spark-submit (pyspark) or java is not installed")
     root = tmp_path_factory.mktemp("spark-run")

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from airflow_provider_babelqueue.spark import JOB_CONF, LOCAL_CONF, recommended_conf
-from airflow_provider_babelqueue.spark.class_archive import archive_option, build_class_archive, sample_records
+from airflow_provider_babelqueue.spark.class_archive import archive_option, sample_records
 from tests.spark.conftest import spark_env, spark_submit_path
 
 JAVA = "spark.driver.extraJavaOptions"
@@ -37,11 +37,11 @@ def test_the_training_sample_covers_every_branch_the_jobs_take() -> None:
 
 
 @pytest.mark.slow
-def test_a_built_archive_is_mapped_by_the_next_driver_jvm(tmp_path: Path) -> None:
-    submit = spark_submit_path()
-    if submit is None:
-        pytest.skip("spark-submit is not installed")
-    archive = build_class_archive(tmp_path / "cds" / "driver.jsa", spark_submit=submit, env=spark_env())
+def test_a_built_archive_is_mapped_by_the_next_driver_jvm(tmp_path: Path, spark_class_archive: Path | None) -> None:
+    # the session's archive (tests/conftest.py): build_class_archive's real training run, shared by every submit
+    archive, submit = spark_class_archive, spark_submit_path()
+    if archive is None or submit is None:
+        pytest.skip("spark-submit (pyspark) or java is not installed")
     assert archive.is_file() and archive.stat().st_size > 10_000_000
     assert [p.name for p in archive.parent.iterdir()] == ["driver.jsa"]  # no partial file left behind
     probe = tmp_path / "probe.py"

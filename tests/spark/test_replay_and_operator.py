@@ -14,6 +14,8 @@ from airflow_provider_babelqueue.bindings.memory import MemoryBinding
 from airflow_provider_babelqueue.operators import replay as replay_module
 from airflow_provider_babelqueue.operators.replay import BabelQueueReplayOperator
 from airflow_provider_babelqueue.operators.spark import BabelQueueSparkTriageOperator
+from airflow_provider_babelqueue.spark import LOCAL_CONF
+from airflow_provider_babelqueue.spark.class_archive import CLASS_ARCHIVE_ENV
 from tests.spark.conftest import SPARK_CONF, VENV_BIN, SparkRun
 from tests.spark.dead_letters import CREATED, by_name, expected_reset
 from tests.spark.test_jobs import EXPECTED_TARGETS, read_replay_set
@@ -92,12 +94,34 @@ def test_operator_submits_the_recommended_conf_under_the_users_own(monkeypatch: 
     monkeypatch.setattr(SparkSubmitOperator, "execute", lambda self, context: submitted.append(dict(self.conf)))
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_LOCAL_CONF", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_YARN_CONF", json.dumps({"conn_type": "spark", "host": "yarn"}))
+    monkeypatch.delenv(CLASS_ARCHIVE_ENV, raising=False)
     BabelQueueSparkTriageOperator(task_id="l", job="report", input="i", output="o", conn_id="spark_local_conf",
                                   conf={"spark.driver.memory": "2g"}).execute(context={})
     BabelQueueSparkTriageOperator(task_id="y", job="report", input="i", output="o",
                                   conn_id="spark_yarn_conf").execute(context={})
     assert submitted == [recommended_conf("local[2]", {"spark.driver.memory": "2g"}), JOB_CONF]
     assert submitted[0]["spark.driver.memory"] == "2g"
+
+
+def test_operator_reads_the_workers_class_archive_unless_given_one(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    submitted: list[str] = []
+    monkeypatch.setattr(SparkSubmitOperator, "execute", lambda self, context: submitted.append(
+        self.conf["spark.driver.extraJavaOptions"]))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_LOCAL_CDS", json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    worker, own = tmp_path / "worker.jsa", tmp_path / "own.jsa"
+    worker.write_bytes(b"w")
+    own.write_bytes(b"o")
+    monkeypatch.setenv(CLASS_ARCHIVE_ENV, str(worker))
+    for archive in (None, str(own), str(tmp_path / "missing.jsa")):
+        BabelQueueSparkTriageOperator(task_id="t", job="report", input="i", output="o", conn_id="spark_local_cds",
+                                      class_archive=archive).execute(context={})
+    serial = LOCAL_CONF["spark.driver.extraJavaOptions"]
+    # the worker's archive by default; the task's own wins; a task's missing file means none (logged), not the
+    # worker's: what the task asked for is what runs
+    assert submitted == [f"{serial} -XX:SharedArchiveFile={worker}", f"{serial} -XX:SharedArchiveFile={own}", serial]
 
 
 def test_package_zip_holds_the_jobs(tmp_path: Path) -> None:
