@@ -181,3 +181,51 @@ def test_letters_are_the_documented_set() -> None:
     assert [letter.name for letter in letters()] == [
         "F1", "F2", "F3", "F4", "F5", "F6", "F7", "F8", "U1", "U2", "S1", "S2", "P1", "P2", "P3"]
     assert DRAINED - CREATED == 7_200_000
+
+
+#: Bodies whose fields have types the one-pass parse does not read (numbers as strings, a number out of the long
+#: range, meta not an object): the two-level parse reads them, so they are classified, not poison.
+ODD_BODIES = {
+    "string-numbers": b'{"job":"urn:babel:orders:created","data":{"id":1},"meta":{"id":"odd-1","queue":"orders",'
+                      b'"lang":"go","schema_version":"1","created_at":"1749132000000"},"attempts":"4",'
+                      b'"dead_letter":{"reason":"failed","error":"timeout after 30s","exception":"Timeout",'
+                      b'"failed_at":"1749132060000","original_queue":"orders","attempts":"4"}}',
+    "huge-number": b'{"job":"urn:babel:orders:created","data":{},"meta":{"id":"odd-2","queue":"orders","lang":"go",'
+                   b'"schema_version":1,"created_at":1749132000000},"attempts":99999999999999999999,'
+                   b'"dead_letter":{"reason":"failed","failed_at":1749132000500}}',
+    "meta-not-object": b'{"job":"urn:babel:orders:created","data":[],"meta":"odd",'
+                       b'"dead_letter":{"reason":"unknown_urn","failed_at":1749132000000,"attempts":2.5}}',
+}
+
+
+@pytest.mark.slow
+def test_fields_of_unexpected_types_are_read_not_poisoned(tmp_path: Path, spark_class_archive: Path | None) -> None:
+    from airflow_provider_babelqueue.bindings.base import ReceivedMessage
+    from airflow_provider_babelqueue.drain import drain_record
+    from tests.spark.conftest import spark_submit_path, submit
+
+    if spark_submit_path() is None or spark_class_archive is None:
+        pytest.skip("spark-submit (pyspark) or java is not installed")
+    lines = [drain_record(ReceivedMessage(body, "orders", None, None, 0), broker="redis",
+                          dead_letter_queue="orders:failed", source_conn_id=name, drained_at=DRAINED)
+             for name, body in ODD_BODIES.items()]
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "odd.jsonl").write_bytes(b"".join(lines))
+    summary = submit("triage", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"))
+    assert summary["by_reason"] == {"failed": 2, "unknown_urn": 1}
+    columns = ("meta_id", "reason", "poison", "lang", "schema_version", "created_at", "failed_at", "age_ms",
+               "attempts", "exception_type", "original_queue")
+    rows = {row["source_conn_id"]: {c: row[c] for c in columns} for row in pq.read_table(tmp_path / "out").to_pylist()}
+    assert rows == {
+        "string-numbers": {"meta_id": "odd-1", "reason": "failed", "poison": False, "lang": "go", "schema_version": 1,
+                           "created_at": 1749132000000, "failed_at": 1749132060000, "age_ms": 60000, "attempts": 4,
+                           "exception_type": "Timeout", "original_queue": "orders"},
+        # attempts beyond a long: unknown, the rest as written
+        "huge-number": {"meta_id": "odd-2", "reason": "failed", "poison": False, "lang": "go", "schema_version": 1,
+                        "created_at": 1749132000000, "failed_at": 1749132000500, "age_ms": 500, "attempts": None,
+                        "exception_type": None, "original_queue": "orders"},
+        # meta is not an object: no meta fields (the queue falls back to the record's); 2.5 attempts is no count
+        "meta-not-object": {"meta_id": None, "reason": "unknown_urn", "poison": False, "lang": None,
+                            "schema_version": None, "created_at": None, "failed_at": 1749132000000, "age_ms": None,
+                            "attempts": None, "exception_type": None, "original_queue": "orders"},
+    }
