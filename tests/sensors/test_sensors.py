@@ -22,7 +22,15 @@ ERRORS: list[BaseException] = []
 
 def later(conn_id: str, queue: str, delay: float, started: threading.Event) -> threading.Thread:
     """Once the first sensor runs, wait ``delay`` s and publish two messages; ``delay`` s later publish a third
-    and dead-letter the oldest as unknown_urn (the backlog stays at two)."""
+    and dead-letter the oldest as unknown_urn (the backlog stays at two).
+
+    The hook and binding are made here, in the test's thread, before the DAG runs. Under ``dag.test()`` the
+    task runs in this process, and while it runs Airflow's connection lookup goes through the in-process
+    supervisor channel, whose ``send`` deletes the module-global ``SUPERVISOR_COMMS`` until it answers. A
+    lookup from this thread during the run raced the task's own calls: the task then failed with
+    ``NameError: name 'SUPERVISOR_COMMS' is not defined`` while reporting its deferral (seen in CI)."""
+    hook = get_hook(conn_id)
+    binding = hook.get_binding()
 
     def act() -> None:
         try:
@@ -32,10 +40,8 @@ def later(conn_id: str, queue: str, delay: float, started: threading.Event) -> t
             raise
 
     def work() -> None:
-        assert started.wait(timeout=60), "the first sensor never started"
-        hook = get_hook(conn_id)
-        binding = hook.get_binding()
         try:
+            assert started.wait(timeout=60), "the first sensor never started"
             time.sleep(delay)
             for i in range(3):
                 if i == 2:
