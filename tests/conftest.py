@@ -1,7 +1,9 @@
 """Shared test setup: the public conformance suite and an isolated Airflow home.
 
 The conformance suite is read from ``../shared/conformance`` relative to the project root (override with
-``BABELQUEUE_CONFORMANCE``). Airflow gets a throwaway ``AIRFLOW_HOME`` unless ``make test`` set one.
+``BABELQUEUE_CONFORMANCE``). Airflow gets a throwaway ``AIRFLOW_HOME`` unless ``make test`` set one; each
+pytest-xdist worker then works in its own copy of it. The last hooks here order and group the modules for the
+workers (docs/development.md).
 """
 
 from __future__ import annotations
@@ -19,6 +21,23 @@ import pytest
 
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="babelqueue-airflow-"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+
+
+def _worker_airflow_home() -> None:
+    """Under pytest-xdist, give each worker its own Airflow home: a copy of the migrated metadata DB (when the
+    run's home has one) beside its own logs and config, so two workers never write one SQLite file at once."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return
+    shared = Path(os.environ["AIRFLOW_HOME"])
+    home = shared / "xdist" / worker
+    home.mkdir(parents=True, exist_ok=True)
+    if (shared / "airflow.db").is_file() and not (home / "airflow.db").exists():
+        shutil.copy(shared / "airflow.db", home / "airflow.db")
+    os.environ["AIRFLOW_HOME"] = str(home)
+
+
+_worker_airflow_home()
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFORMANCE = Path(os.environ.get("BABELQUEUE_CONFORMANCE", ROOT.parent / "shared" / "conformance"))
@@ -85,3 +104,55 @@ def spark_class_archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pa
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(CLASS_ARCHIVE_ENV, str(archive))
         yield archive
+
+
+
+#: Test modules that share the session's Spark fixtures (the class archive, the one triage run): under
+#: ``make test`` (pytest-xdist, ``--dist loadfile``) one worker takes them all, so each JVM-heavy fixture is
+#: built once per run, not once per worker.
+SPARK_GROUP = ("tests/spark/", "tests/dags/test_demo.py", "tests/dags/test_sample_dags.py")
+#: The longest modules after the Spark group (tens of seconds each: real schedulers, killed children,
+#: restarted brokers), started early so that neither worker is left with one of them at the end.
+LONG_MODULES = (
+    "tests/reliability/test_crashes.py",
+    "tests/sensors/test_e2e_asset_watcher.py",
+    "tests/reliability/test_secrets.py",
+    "tests/reliability/test_outages.py",
+    "tests/sensors/test_sensors.py",
+)
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit one worker runs whole: a module, or the Spark group."""
+    path = nodeid.split("::", 1)[0]
+    return "spark" if path.startswith(SPARK_GROUP) else path
+
+
+def _unit_rank(nodeid: str) -> int:
+    unit = work_unit(nodeid)
+    if unit == "spark":
+        return 0
+    if unit in LONG_MODULES:
+        return 1 + LONG_MODULES.index(unit)
+    return 1 + len(LONG_MODULES)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Longest units first (stable: the order inside a unit is kept), so the workers finish together."""
+    items.sort(key=lambda item: _unit_rank(item.nodeid))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """For ``--dist loadfile``: xdist's file scheduling with the Spark modules as one unit, handing units out
+    in collection order (longest first, see above) instead of by their number of tests."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class UnitScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False
+    return UnitScheduling(config, log)
