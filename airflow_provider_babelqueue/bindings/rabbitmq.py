@@ -224,8 +224,8 @@ class RabbitMQBinding(Binding):
         if arguments is None:
             if queue in self._known:
                 return True
-            try:
-                self._channel("probe").queue_declare(queue, passive=True)
+            try:  # after a broker restart the binding's connection is dead: the probe reconnects once
+                self._reconnecting(lambda: self._channel("probe").queue_declare(queue, passive=True))
             except self._pika.exceptions.ChannelClosedByBroker as exc:
                 if exc.reply_code != 404:
                     raise
@@ -299,10 +299,14 @@ class RabbitMQBinding(Binding):
                         self._pika, self.config.parameters(self._pika), queue_name, bodies, props
                     )
             except BindingError as exc:
+                self._known.discard(queue_name)  # the connection died: after a restart the queue may be gone
                 raise PublishBatchError(
                     f"{exc}; no body of the batch is known to be delivered", range(len(bodies))
                 ) from exc
         if failed:
+            # A returned body means the queue is gone (deleted, or lost by a broker restart): forget that it
+            # existed, so a retry of the batch checks and declares it again, as a single publish does.
+            self._known.discard(queue_name)
             raise PublishBatchError(
                 f"{self._where()}: {len(failed)} of {len(bodies)} bodies to {queue_name!r} were "
                 f"not confirmed ({why}); all others were",

@@ -214,6 +214,20 @@ def test_publish_batch_reports_returned_bodies(make: Make, admin: dict, queue: s
     assert ready_count(admin, queue) is None
 
 
+def test_a_retried_batch_declares_a_queue_deleted_since_the_last_one(make: Make, admin: dict, queue: str) -> None:
+    # A real broker fault: the queue is deleted between two batches (as a broker restart that lost it would).
+    binding = make()
+    first, second = [body_for(queue, 1)], [body_for(queue, 2), POISON]
+    binding.publish_batch(first, queue)
+    channel_of(admin).queue_delete(queue)
+    with pytest.raises(PublishBatchError) as caught:
+        binding.publish_batch(second, queue)
+    assert caught.value.failed == [0, 1] and "returned" in str(caught.value)
+    binding.publish_batch(second, queue)  # the retry declares the queue again and is confirmed
+    assert [raw_get(admin, queue)[2] for _ in range(2)] == second
+    assert ready_count(admin, queue) == 0
+
+
 def test_publish_batch_refuses_before_sending(make: Make, admin: dict, queue: str) -> None:
     binding = make(declare_queues=False)
     with pytest.raises(PublishBatchError) as caught:
