@@ -106,7 +106,6 @@ def spark_class_archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pa
         yield archive
 
 
-
 #: Test modules that share the session's Spark fixtures (the class archive, the one triage run): under
 #: ``make test`` (pytest-xdist, ``--dist loadfile``) one worker takes them all, so each JVM-heavy fixture is
 #: built once per run, not once per worker.

@@ -68,9 +68,16 @@ class SparkRun:
 
 
 @pytest.fixture(scope="session")
-def spark_run(tmp_path_factory: pytest.TempPathFactory, spark_class_archive: Path | None) -> SparkRun:
-    if spark_class_archive is None:  # the archive fixture found no spark-submit or no java
+def spark_archive(spark_class_archive: Path | None) -> Path:
+    """The session's class archive, for tests that run ``spark-submit``: they skip when it could not be built
+    because Spark or Java is missing."""
+    if spark_class_archive is None:
         pytest.skip("spark-submit (pyspark) or java is not installed")
+    return spark_class_archive
+
+
+@pytest.fixture(scope="session")
+def spark_run(tmp_path_factory: pytest.TempPathFactory, spark_archive: Path) -> SparkRun:
     root = tmp_path_factory.mktemp("spark-run")
     drain_dir, triage_dir = root / "drained", root / "triage"
     report_dir, replay_dir, combined = root / "report", root / "replay", root / "report-combined"

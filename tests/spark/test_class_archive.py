@@ -37,11 +37,9 @@ def test_the_training_sample_covers_every_branch_the_jobs_take() -> None:
 
 
 @pytest.mark.slow
-def test_a_built_archive_is_mapped_by_the_next_driver_jvm(tmp_path: Path, spark_class_archive: Path | None) -> None:
+def test_a_built_archive_is_mapped_by_the_next_driver_jvm(tmp_path: Path, spark_archive: Path) -> None:
     # the session's archive (tests/conftest.py): build_class_archive's real training run, shared by every submit
-    archive, submit = spark_class_archive, spark_submit_path()
-    if archive is None or submit is None:
-        pytest.skip("spark-submit (pyspark) or java is not installed")
+    archive, submit = spark_archive, spark_submit_path()
     assert archive.is_file() and archive.stat().st_size > 10_000_000
     assert [p.name for p in archive.parent.iterdir()] == ["driver.jsa"]  # no partial file left behind
     probe = tmp_path / "probe.py"

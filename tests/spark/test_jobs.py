@@ -200,13 +200,12 @@ ODD_BODIES = {
 
 
 @pytest.mark.slow
-def test_fields_of_unexpected_types_are_read_not_poisoned(tmp_path: Path, spark_class_archive: Path | None) -> None:
+@pytest.mark.usefixtures("spark_archive")
+def test_fields_of_unexpected_types_are_read_not_poisoned(tmp_path: Path) -> None:
     from airflow_provider_babelqueue.bindings.base import ReceivedMessage
     from airflow_provider_babelqueue.drain import drain_record
     from tests.spark.conftest import submit
 
-    if spark_class_archive is None:
-        pytest.skip("spark-submit (pyspark) or java is not installed")
     lines = [drain_record(ReceivedMessage(body, "orders", None, None, 0), broker="redis",
                           dead_letter_queue="orders:failed", source_conn_id=name, drained_at=DRAINED)
              for name, body in ODD_BODIES.items()]
