@@ -11,7 +11,7 @@ import functools
 import json
 import operator
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -31,8 +31,8 @@ except ImportError as exc:  # pragma: no cover - a cluster without the package o
     raise SystemExit(f"cannot import airflow_provider_babelqueue ({exc}); pass the package zip with --py-files "
                      "(see docs/spark.md)") from exc
 
-__all__ = ["COLUMNS", "POISON_INVALID_JSON", "POISON_INVALID_UTF8", "RECORD_SCHEMA", "classify", "deduplicate",
-           "derive", "main", "read_records", "triage", "with_error_pattern"]
+__all__ = ["COLUMNS", "PLAIN_COLUMNS", "POISON_INVALID_JSON", "POISON_INVALID_UTF8", "RECORD_SCHEMA", "classify",
+           "deduplicate", "derive", "main", "parquet_options", "read_records", "triage", "with_error_pattern"]
 
 #: The drain record (docs/drain-records.md), read with an explicit schema.
 RECORD_SCHEMA = T.StructType([
@@ -116,7 +116,7 @@ def with_error_pattern(df: DataFrame, error: str = "error", name: str = "error_p
     for pattern, mask, needs in _MASKS:
         replaced = F.regexp_replace(F.col(text), pattern, mask)
         if needs:
-            present = [F.instr(F.col(error), needle) > 0 for needle in needs]
+            present = [F.col(error).contains(needle) for needle in needs]
             replaced = F.when(functools.reduce(operator.or_, present), replaced).otherwise(F.col(text))
         df = df.select(*others, replaced.alias(text))
     return df.select(*others, F.trim(F.col(text)).alias(name))
@@ -125,6 +125,40 @@ def with_error_pattern(df: DataFrame, error: str = "error", name: str = "error_p
 def _text(column: Column) -> Column:
     """A JSON string field read as text: blank (or absent) → null."""
     return F.when(F.trim(column) != "", column)
+
+
+def _bind(value: Column, body: Callable[[Column], Column]) -> Column:
+    """``body(value)`` with ``value`` computed once however often ``body`` uses it (a let-binding: the value is
+    the one element of an array that ``transform`` maps)."""
+    return F.transform(F.array(value), body)[0]
+
+
+def _parse_body(text: Column) -> Column:
+    """The body text parsed, as one struct: ``poison`` (not a JSON object, or no text), the top-level fields
+    as text, and ``meta`` and ``dead_letter`` as structs of text fields.
+
+    One expression does the whole parse (see _BODY_SCHEMA for its two ways): Spark evaluates ``from_json``
+    outside its generated code, in a projection that copies every column of the row, so one such
+    projection instead of one per step copies each body once instead of three times. ``_bind`` lets the
+    steps share a parse without a column for it, and the two-level parse runs only for the odd bodies.
+    """
+    def one_pass(n: Column) -> Column:
+        return F.struct(F.lit(False).alias("poison"), *[n[name].alias(name) for name in _TOP_FIELDS],
+                        n["meta"].alias("meta"), n["dead_letter"].alias("dead_letter"))
+
+    def two_level(b: Column) -> Column:
+        readable = b.isNotNull() & b[_CORRUPT].isNull()
+        return F.struct((~readable).alias("poison"), *[b[name].alias(name) for name in _TOP_FIELDS],
+                        F.when(readable, F.from_json(b["meta"], _META_SCHEMA, _JSON_OPTIONS)).alias("meta"),
+                        F.when(readable, F.from_json(b["dead_letter"], _DEAD_LETTER_SCHEMA, _JSON_OPTIONS))
+                        .alias("dead_letter"))
+
+    def parse(t: Column) -> Column:
+        return _bind(F.from_json(t, _NESTED_BODY_SCHEMA, _JSON_OPTIONS), lambda n: F.when(
+            n.isNotNull() & n[_CORRUPT].isNull(), one_pass(n)).otherwise(
+            _bind(F.from_json(t, _BODY_SCHEMA, _JSON_OPTIONS), two_level)))
+
+    return _bind(text, parse)
 
 
 def read_records(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
@@ -141,6 +175,17 @@ COLUMNS = ("meta_id", "reason", "poison", "urn", "original_queue", "queue_name",
            "error", "created_at", "failed_at", "age_ms", "source_broker", "source_conn_id", "delivery_count",
            "native_reason", "body", "body_encoding", "input_file", "error_pattern", "fingerprint", "drained_at",
            "copies")
+
+
+#: Columns whose values are (nearly) all different: Parquet's dictionary encoding cannot shrink them and only
+#: costs the writer a hash lookup per value until it gives up on each row group, so they are written plain.
+PLAIN_COLUMNS = ("meta_id", "trace_id", "data", "error", "body", "created_at", "failed_at", "age_ms", "drained_at")
+
+
+def parquet_options() -> dict[str, str]:
+    """Writer options for the triage Parquet: dictionary encoding off for :data:`PLAIN_COLUMNS` (any Parquet
+    reader reads the files as before; only the writer's work changes)."""
+    return {f"parquet.enable.dictionary#{column}": "false" for column in PLAIN_COLUMNS}
 
 
 def triage(records: DataFrame, source_broker: str | None = None) -> DataFrame:
@@ -161,56 +206,36 @@ def classify(records: DataFrame, source_broker: str | None = None) -> DataFrame:
     decoded = F.when(base64_body, F.try_to_binary(F.col("body"), F.lit("base64")).cast("string"))
     utf8 = ~base64_body | (decoded.isNotNull() & F.is_valid_utf8(decoded))
     text = F.when(~base64_body, F.col("body")).when(utf8, decoded)
-    df = records.select("*", utf8.alias("_utf8"), text.alias("_text"))
-    df = df.select("*", F.from_json("_text", _NESTED_BODY_SCHEMA, _JSON_OPTIONS).alias("_n"))
-
-    # The one-pass parse read the whole body: its fields as they are. Otherwise the two-level parse (see
-    # _BODY_SCHEMA), whose result is poison when even the top level is not a JSON object.
-    one_pass = F.col("_n").isNotNull() & F.col(f"_n.{_CORRUPT}").isNull()
-    two_level = F.from_json("_text", _BODY_SCHEMA, _JSON_OPTIONS)
-    df = df.select("*", F.when(~one_pass, two_level).alias("_b"), one_pass.alias("_one_pass"))
-    two_level_poison = F.col("_text").isNull() | F.col("_b").isNull() | F.col(f"_b.{_CORRUPT}").isNotNull()
-    poison = ~F.col("_one_pass") & two_level_poison
-
-    def either(name: str) -> Column:
-        return F.when(F.col("_one_pass"), F.col(f"_n.{name}")).otherwise(F.col(f"_b.{name}"))
-
-    meta = F.when(F.col("_one_pass"), F.col("_n.meta")).when(
-        ~two_level_poison, F.from_json("_b.meta", _META_SCHEMA, _JSON_OPTIONS))
-    dead_letter = F.when(F.col("_one_pass"), F.col("_n.dead_letter")).when(
-        ~two_level_poison, F.from_json("_b.dead_letter", _DEAD_LETTER_SCHEMA, _JSON_OPTIONS))
-    df = df.select("*", poison.alias("poison"), *[either(name).alias(f"_b_{name}") for name in _TOP_FIELDS],
-                   meta.alias("_m"), dead_letter.alias("_d"))
-
-    poison = F.col("poison")
-    meta_id = F.coalesce(_text(F.col("_m.id")), _text(F.col("meta_id")))
-    urn = F.coalesce(_text(F.col("_b_job")), _text(F.col("_b_urn")))
+    df = records.select("*", utf8.alias("_utf8"), _parse_body(text).alias("_p"))
+    poison = F.col("_p.poison")
+    meta_id = F.coalesce(_text(F.col("_p.meta.id")), _text(F.col("meta_id")))
+    urn = F.coalesce(_text(F.col("_p.job")), _text(F.col("_p.urn")))
     reason = F.when(poison, F.lit(str(Reason.POISON))).otherwise(
-        F.coalesce(_text(F.col("_d.reason")), F.lit("unannotated")))
+        F.coalesce(_text(F.col("_p.dead_letter.reason")), F.lit("unannotated")))
     poison_error = F.when(F.col("_utf8"), F.lit(POISON_INVALID_JSON)).otherwise(F.lit(POISON_INVALID_UTF8))
-    error = F.when(poison, poison_error).otherwise(F.col("_d.error"))
-    exception = F.when(~poison, _text(F.col("_d.exception")))
-    attempts = F.coalesce(F.col("_d.attempts").try_cast("long"), F.col("_b_attempts").try_cast("long"))
+    error = F.when(poison, poison_error).otherwise(F.col("_p.dead_letter.error"))
+    exception = F.when(~poison, _text(F.col("_p.dead_letter.exception")))
+    attempts = F.coalesce(F.col("_p.dead_letter.attempts").try_cast("long"), F.col("_p.attempts").try_cast("long"))
     broker = F.lit(source_broker) if source_broker else F.col("broker")
     return df.select(
         meta_id.alias("meta_id"),
         reason.alias("reason"),
-        poison,
+        poison.alias("poison"),
         urn.alias("urn"),
-        F.coalesce(_text(F.col("_d.original_queue")), _text(F.col("_m.queue")), F.col("queue_name"))
+        F.coalesce(_text(F.col("_p.dead_letter.original_queue")), _text(F.col("_p.meta.queue")), F.col("queue_name"))
         .alias("original_queue"),
         F.col("queue_name"),
         F.col("dead_letter_queue"),
-        _text(F.col("_m.lang")).alias("lang"),
-        _text(F.col("_d.lang")).alias("dead_letter_lang"),
-        F.col("_m.schema_version").try_cast("long").alias("schema_version"),
-        _text(F.col("_b_trace_id")).alias("trace_id"),
-        F.col("_b_data").alias("data"),
+        _text(F.col("_p.meta.lang")).alias("lang"),
+        _text(F.col("_p.dead_letter.lang")).alias("dead_letter_lang"),
+        F.col("_p.meta.schema_version").try_cast("long").alias("schema_version"),
+        _text(F.col("_p.trace_id")).alias("trace_id"),
+        F.col("_p.data").alias("data"),
         attempts.alias("attempts"),
         exception.alias("exception"),
         error.alias("error"),
-        F.col("_m.created_at").try_cast("long").alias("created_at"),
-        F.col("_d.failed_at").try_cast("long").alias("failed_at"),
+        F.col("_p.meta.created_at").try_cast("long").alias("created_at"),
+        F.col("_p.dead_letter.failed_at").try_cast("long").alias("failed_at"),
         broker.alias("source_broker"),
         F.col("source_conn_id"),
         F.col("delivery_count"),
@@ -278,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = triage(read_records(spark, args.input), args.source_broker)
         if args.partitions > 0:
             rows = rows.repartition(args.partitions, "reason")
-        rows.write.mode("overwrite").partitionBy("reason").parquet(args.output)
+        rows.write.mode("overwrite").options(**parquet_options()).partitionBy("reason").parquet(args.output)
         written = spark.read.schema(rows.schema).parquet(args.output)
         counts = written.groupBy("reason").agg(F.count(F.lit(1)).alias("n"), F.sum("copies").alias("copies")).collect()
         by_reason = {row["reason"]: row["n"] for row in sorted(counts, key=lambda r: r["reason"])}

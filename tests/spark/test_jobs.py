@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_provider_babelqueue.spark.triage import COLUMNS, PLAIN_COLUMNS
 from tests.spark.conftest import SparkRun
 from tests.spark.dead_letters import (
     CREATED,
@@ -61,6 +62,21 @@ def test_triage_partitions_by_reason_and_counts(spark_run: SparkRun) -> None:
     assert len(rows) == 15
     assert Counter(row["reason"] for row in rows) == BY_REASON
     assert sum(row["copies"] for row in rows) == 19
+
+
+def test_triage_writes_unique_valued_columns_plain_and_the_rest_with_dictionaries(spark_run: SparkRun) -> None:
+    with_dictionary = set()
+    for path in spark_run.triage_dir.rglob("*.parquet"):
+        metadata = pq.ParquetFile(path).metadata
+        for group in range(metadata.num_row_groups):
+            for index in range(metadata.num_columns):
+                column = metadata.row_group(group).column(index)
+                if "PLAIN_DICTIONARY" in column.encodings:
+                    with_dictionary.add(column.path_in_schema)
+    # every other column has one wherever it holds values: not the boolean poison (never dictionary-encoded),
+    # the reason (the folder name) or delivery_count and native_reason (null in every record of these drains)
+    assert with_dictionary == set(COLUMNS) - set(PLAIN_COLUMNS) - {"poison", "reason", "delivery_count",
+                                                                   "native_reason"}
 
 
 def test_triage_columns_are_exact(spark_run: SparkRun) -> None:
