@@ -10,6 +10,7 @@ import datetime
 import json
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -48,43 +49,51 @@ def _bucket(age: F.Column) -> F.Column:
 def summarize(rows: DataFrame, input_path: str = "") -> dict[str, Any]:
     """The report's numbers, from triage rows (see docs/spark.md for the layout of ``summary.json``).
 
-    Four Spark jobs, each reading only the columns it needs straight from the input (Parquet is columnar, so
-    that is cheap, and nothing is cached: the report adds no memory to a triage that just wrote the rows):
-    the totals with the age buckets (a fixed set of labels, so they are conditional counts), the small
-    complete breakdowns (by reason, by language, per hour) as grouping sets of one aggregate, and the two
-    top-N lists, ranked on the cluster so that only N rows reach the driver.
+    Three Spark queries, run at once, each reading only the columns it needs straight from the input (Parquet
+    is columnar, so that is cheap, and nothing is cached: the report adds no memory to a triage that just
+    wrote the rows):
+
+    * the totals and the small complete breakdowns (by reason, language, hour and age bucket) as grouping
+      sets of one aggregate; every aggregate there keeps a fixed-size buffer, so Spark hash-aggregates it;
+    * the top (reason, URN, queue) groups and the top error fingerprints, each ranked on the cluster so that
+      only N rows reach the driver. The distinct URNs, queues and fingerprints are counted over those same
+      aggregated groups, not over the rows: that spares a count-distinct job, which would have to expand every
+      row once per counted column.
 
     :param rows: triage rows (the Parquet ``triage.py`` writes, or the DataFrame it wrote).
     :param input_path: what to name as the input in the summary.
     """
-    bucket = _bucket(F.col("age_ms"))
-    labels = [label for label, _ in AGE_BUCKETS] + ["unknown"]
-    totals_row = rows.agg(
-        F.count(F.lit(1)).alias("dead_letters"), F.coalesce(F.sum("copies"), F.lit(0)).alias("records"),
-        F.sum(F.when(F.col("reason") == str(Reason.POISON), 1).otherwise(0)).alias("poison"),
-        F.countDistinct("urn").alias("urns"), F.countDistinct("original_queue").alias("queues"),
-        F.countDistinct("fingerprint").alias("fingerprints"),
-        F.min("failed_at").alias("first_failed_at"), F.max("failed_at").alias("last_failed_at"),
-        F.sum(F.when(F.col("failed_at").isNull(), 1).otherwise(0)).alias("without_failed_at"),
-        *[F.count(F.when(bucket == label, 1)).alias(f"_age_{i}") for i, label in enumerate(labels)],
-    ).first().asDict()
-    ages = {label: totals_row.pop(f"_age_{i}") for i, label in enumerate(labels)}
-    totals = {key: (value if value is not None or key.endswith("failed_at") else 0)
-              for key, value in totals_row.items()}
-    totals["records"] = int(totals["records"])
-    totals["duplicates_removed"] = totals["records"] - totals["dead_letters"]
-    age_buckets = [{"bucket": label, "count": ages[label]} for label, _ in AGE_BUCKETS]
-    if ages["unknown"]:
-        age_buckets.append({"bucket": "unknown", "count": ages["unknown"]})
-
-    # by reason, by language and per hour: one scan; grouping_id tells which breakdown a row belongs to
     hour = F.floor(F.col("failed_at") / HOUR_MS) * HOUR_MS
-    small = rows.select("reason", "lang", hour.alias("h")).groupingSets(
-        [["reason"], ["lang"], ["h"]], "reason", "lang", "h").agg(
-        F.count(F.lit(1)).alias("count"), F.grouping_id("reason", "lang", "h").alias("gid")).collect()
-    by_set: dict[str, list[Any]] = {"reason": [], "lang": [], "h": []}
-    for r in small:
-        name = {0b011: "reason", 0b101: "lang", 0b110: "h"}[r["gid"]]
+    sets = rows.select("reason", "lang", hour.alias("h"), _bucket(F.col("age_ms")).alias("bucket"), "copies",
+                       "failed_at").groupingSets([[], ["reason"], ["lang"], ["h"], ["bucket"]],
+                                                 "reason", "lang", "h", "bucket").agg(
+        F.count(F.lit(1)).alias("count"), F.grouping_id("reason", "lang", "h", "bucket").alias("gid"),
+        F.sum("copies").alias("records"), F.min("failed_at").alias("first_failed_at"),
+        F.max("failed_at").alias("last_failed_at"), F.count("failed_at").alias("with_failed_at"))
+
+    # The distinct counts are taken over the aggregated groups (one row per group, not per dead letter) and
+    # joined to every group.
+    groups = rows.groupBy("reason", "urn", "original_queue").count()
+    groups = groups.crossJoin(groups.agg(F.count_distinct("urn").alias("_urns"),
+                                         F.count_distinct("original_queue").alias("_queues")))
+    groups = groups.orderBy(F.desc("count"), "reason", "urn", "original_queue").limit(TOP_GROUPS)
+
+    prints = rows.groupBy("fingerprint").agg(
+        F.count(F.lit(1)).alias("count"), F.min("exception").alias("exception"),
+        F.min("exception_type").alias("exception_type"), F.min("error_pattern").alias("error_pattern"),
+        F.min("error").alias("example_error"), F.sort_array(F.collect_set("reason")).alias("reasons"),
+        F.min("failed_at").alias("first_failed_at"), F.max("failed_at").alias("last_failed_at"))
+    prints = prints.crossJoin(prints.agg(F.count("fingerprint").alias("_fingerprints")))
+    prints = prints.orderBy(F.desc("count"), "fingerprint").limit(TOP_FINGERPRINTS)
+
+    # Submitted together: while the driver plans and compiles one query, the executors run another's tasks.
+    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="babelqueue-report") as pool:
+        sets_rows, top_groups, top_prints = [f.result() for f in [pool.submit(df.collect)
+                                                                   for df in (sets, groups, prints)]]
+
+    by_set: dict[str, list[Any]] = {"all": [], "reason": [], "lang": [], "h": [], "bucket": []}
+    for r in sets_rows:
+        name = {0b1111: "all", 0b0111: "reason", 0b1011: "lang", 0b1101: "h", 0b1110: "bucket"}[r["gid"]]
         by_set[name].append(r)
     by_reason = {r["reason"]: r["count"]
                  for r in sorted(by_set["reason"], key=lambda r: (r["reason"] is not None, r["reason"] or ""))}
@@ -95,18 +104,27 @@ def summarize(rows: DataFrame, input_path: str = "") -> dict[str, Any]:
     else:
         keys = sorted(hours)
     hourly = [{"hour": _hour_iso(h), "epoch_ms": h, "count": hours.get(h, 0)} for h in keys]
-
-    groups = rows.groupBy("reason", "urn", "original_queue").count()
+    ages = {r["bucket"]: r["count"] for r in by_set["bucket"]}
+    age_buckets = [{"bucket": label, "count": ages.get(label, 0)} for label, _ in AGE_BUCKETS]
+    if ages.get("unknown"):
+        age_buckets.append({"bucket": "unknown", "count": ages["unknown"]})
     by_group = [{"reason": r["reason"], "urn": r["urn"], "original_queue": r["original_queue"], "count": r["count"]}
-                for r in groups.orderBy(F.desc("count"), "reason", "urn", "original_queue").limit(TOP_GROUPS)
-                .collect()]
+                for r in top_groups]
+    top = [{k: v for k, v in r.asDict().items() if k != "_fingerprints"} for r in top_prints]
 
-    prints = rows.groupBy("fingerprint").agg(
-        F.count(F.lit(1)).alias("count"), F.min("exception").alias("exception"),
-        F.min("exception_type").alias("exception_type"), F.min("error_pattern").alias("error_pattern"),
-        F.min("error").alias("example_error"), F.sort_array(F.collect_set("reason")).alias("reasons"),
-        F.min("failed_at").alias("first_failed_at"), F.max("failed_at").alias("last_failed_at"))
-    top = [r.asDict() for r in prints.orderBy(F.desc("count"), "fingerprint").limit(TOP_FINGERPRINTS).collect()]
+    overall = by_set["all"][0] if by_set["all"] else None  # no group at all when there are no rows
+    dead_letters = overall["count"] if overall else 0
+    totals = {
+        "dead_letters": dead_letters, "records": int(overall["records"] or 0) if overall else 0,
+        "poison": by_reason.get(str(Reason.POISON), 0),
+        "urns": top_groups[0]["_urns"] if top_groups else 0,
+        "queues": top_groups[0]["_queues"] if top_groups else 0,
+        "fingerprints": top_prints[0]["_fingerprints"] if top_prints else 0,
+        "first_failed_at": overall["first_failed_at"] if overall else None,
+        "last_failed_at": overall["last_failed_at"] if overall else None,
+        "without_failed_at": dead_letters - (overall["with_failed_at"] if overall else 0),
+    }
+    totals["duplicates_removed"] = totals["records"] - totals["dead_letters"]
     return {
         "version": 1, "input": input_path, "totals": totals, "by_reason": by_reason,
         "by_reason_urn_queue": by_group, "top_fingerprints": top, "hourly": hourly, "age_buckets": age_buckets,

@@ -111,7 +111,9 @@ def with_error_pattern(df: DataFrame, error: str = "error", name: str = "error_p
     :param name: the column to add.
     """
     text = "_mask_text"
-    df = df.select("*", F.substring(F.col(error), 1, _ERROR_CHARS).alias(text))
+    # no more bytes than the limit in characters: nothing to cut (counting characters walks the text)
+    short = F.octet_length(F.col(error)) <= _ERROR_CHARS
+    df = df.select("*", F.when(short, F.col(error)).otherwise(F.substring(F.col(error), 1, _ERROR_CHARS)).alias(text))
     others = [c for c in df.columns if c != text]
     for pattern, mask, needs in _MASKS:
         replaced = F.regexp_replace(F.col(text), pattern, mask)
@@ -305,19 +307,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows = rows.repartition(args.partitions, "reason")
         rows.write.mode("overwrite").options(**parquet_options()).partitionBy("reason").parquet(args.output)
         written = spark.read.schema(rows.schema).parquet(args.output)
-        counts = written.groupBy("reason").agg(F.count(F.lit(1)).alias("n"), F.sum("copies").alias("copies")).collect()
-        by_reason = {row["reason"]: row["n"] for row in sorted(counts, key=lambda r: r["reason"])}
+        if args.report_output:
+            # the report counts rows and copies by reason anyway: its numbers save a job of our own
+            from airflow_provider_babelqueue.spark.report import write_report
+
+            totals = write_report(spark, written, args.output, args.report_output)
+            by_reason, records_in = totals["by_reason"], totals["totals"]["records"]
+        else:
+            counts = written.groupBy("reason").agg(F.count(F.lit(1)).alias("n"), F.sum("copies").alias("copies"))
+            by_reason, records_in = {}, 0
+            for row in sorted(counts.collect(), key=lambda r: r["reason"]):
+                by_reason[row["reason"]] = row["n"]
+                records_in += int(row["copies"])
         rows_out = sum(by_reason.values())
-        records_in = sum(int(row["copies"]) for row in counts)
         summary = {
             "job": "triage", "output": args.output, "records": records_in, "rows": rows_out,
             "duplicates_removed": records_in - rows_out, "poison": by_reason.get(str(Reason.POISON), 0),
             "by_reason": by_reason,
         }
         if args.report_output:
-            from airflow_provider_babelqueue.spark.report import write_report
-
-            write_report(spark, written, args.output, args.report_output)
             summary["report"] = join_url(args.report_output, "report.html")
         # Files whose names start with "_" are invisible to Parquet readers and to the replay-set reader.
         write_text(spark, join_url(args.output, "_triage_summary.json"), json.dumps(summary, indent=2) + "\n")

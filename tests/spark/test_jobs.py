@@ -245,3 +245,23 @@ def test_fields_of_unexpected_types_are_read_not_poisoned(tmp_path: Path) -> Non
                             "schema_version": None, "created_at": None, "failed_at": 1749132000000, "age_ms": None,
                             "attempts": None, "exception_type": None, "original_queue": "orders"},
     }
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("spark_archive")
+def test_a_drain_of_torn_lines_only_gives_an_empty_triage_and_a_zero_report(tmp_path: Path) -> None:
+    from tests.spark.conftest import submit
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "torn.jsonl").write_bytes(b'{"v":1,"body":"{\\"job\\":\n{"v":1,"bo\n')
+    summary = submit("triage", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
+                     "--report-output", str(tmp_path / "report"))
+    assert (summary["records"], summary["rows"], summary["by_reason"]) == (0, 0, {})
+    report = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert report["totals"] == {
+        "dead_letters": 0, "records": 0, "poison": 0, "urns": 0, "queues": 0, "fingerprints": 0,
+        "first_failed_at": None, "last_failed_at": None, "without_failed_at": 0, "duplicates_removed": 0,
+    }
+    assert (report["by_reason"], report["by_reason_urn_queue"], report["top_fingerprints"], report["hourly"],
+            report["by_lang"]) == ({}, [], [], [], {})
+    assert [b["count"] for b in report["age_buckets"]] == [0] * 7
