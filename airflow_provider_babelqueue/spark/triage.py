@@ -13,7 +13,7 @@ import operator
 import sys
 from collections.abc import Callable, Sequence
 
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -110,23 +110,22 @@ def with_error_pattern(df: DataFrame, error: str = "error", name: str = "error_p
     :param error: the column holding the error text.
     :param name: the column to add.
     """
-    text = "_mask_text"
+    source, text = F.col(error), F.col("_mask_text")
     # no more bytes than the limit in characters: nothing to cut (counting characters walks the text)
-    short = F.octet_length(F.col(error)) <= _ERROR_CHARS
-    df = df.select("*", F.when(short, F.col(error)).otherwise(F.substring(F.col(error), 1, _ERROR_CHARS)).alias(text))
-    others = [c for c in df.columns if c != text]
+    short = F.octet_length(source) <= _ERROR_CHARS
+    df = df.withColumn("_mask_text", F.when(short, source).otherwise(F.substring(source, 1, _ERROR_CHARS)))
     for pattern, mask, needs in _MASKS:
-        replaced = F.regexp_replace(F.col(text), pattern, mask)
+        replaced = F.regexp_replace(text, pattern, mask)
         if needs:
-            present = [F.col(error).contains(needle) for needle in needs]
-            replaced = F.when(functools.reduce(operator.or_, present), replaced).otherwise(F.col(text))
-        df = df.select(*others, replaced.alias(text))
-    return df.select(*others, F.trim(F.col(text)).alias(name))
+            present = functools.reduce(operator.or_, [source.contains(needle) for needle in needs])
+            replaced = F.when(present, replaced).otherwise(text)
+        df = df.withColumn("_mask_text", replaced)
+    return df.withColumn(name, F.trim(text)).drop("_mask_text")
 
 
-def _text(column: Column) -> Column:
-    """A JSON string field read as text: blank (or absent) → null."""
-    return F.when(F.trim(column) != "", column)
+def _text_sql(column: str) -> str:
+    """SQL for a JSON string field read as text: blank (or absent) → null."""
+    return f"CASE WHEN trim({column}) != '' THEN {column} END"
 
 
 def _bind(value: Column, body: Callable[[Column], Column]) -> Column:
@@ -207,44 +206,34 @@ def classify(records: DataFrame, source_broker: str | None = None) -> DataFrame:
     utf8 = ~base64_body | (decoded.isNotNull() & F.is_valid_utf8(decoded))
     text = F.when(~base64_body, F.col("body")).when(utf8, decoded)
     df = records.select("*", utf8.alias("_utf8"), _parse_body(text).alias("_p"))
-    poison = F.col("_p.poison")
-    meta_id = F.coalesce(_text(F.col("_p.meta.id")), _text(F.col("meta_id")))
-    urn = F.coalesce(_text(F.col("_p.job")), _text(F.col("_p.urn")))
-    reason = F.when(poison, F.lit(str(Reason.POISON))).otherwise(
-        F.coalesce(_text(F.col("_p.dead_letter.reason")), F.lit("unannotated")))
-    poison_error = F.when(F.col("_utf8"), F.lit(POISON_INVALID_JSON)).otherwise(F.lit(POISON_INVALID_UTF8))
-    error = F.when(poison, poison_error).otherwise(F.col("_p.dead_letter.error"))
-    exception = F.when(~poison, _text(F.col("_p.dead_letter.exception")))
-    attempts = F.coalesce(F.col("_p.dead_letter.attempts").try_cast("long"), F.col("_p.attempts").try_cast("long"))
-    broker = F.lit(source_broker) if source_broker else F.col("broker")
-    return df.select(
-        meta_id.alias("meta_id"),
-        reason.alias("reason"),
-        poison.alias("poison"),
-        urn.alias("urn"),
-        F.coalesce(_text(F.col("_p.dead_letter.original_queue")), _text(F.col("_p.meta.queue")), F.col("queue_name"))
-        .alias("original_queue"),
-        F.col("queue_name"),
-        F.col("dead_letter_queue"),
-        _text(F.col("_p.meta.lang")).alias("lang"),
-        _text(F.col("_p.dead_letter.lang")).alias("dead_letter_lang"),
-        F.col("_p.meta.schema_version").try_cast("long").alias("schema_version"),
-        _text(F.col("_p.trace_id")).alias("trace_id"),
-        F.col("_p.data").alias("data"),
-        attempts.alias("attempts"),
-        exception.alias("exception"),
-        error.alias("error"),
-        F.col("_p.meta.created_at").try_cast("long").alias("created_at"),
-        F.col("_p.dead_letter.failed_at").try_cast("long").alias("failed_at"),
-        broker.alias("source_broker"),
-        F.col("source_conn_id"),
-        F.col("delivery_count"),
-        F.col("native_reason"),
-        F.col("drained_at"),
-        F.col("body"),
-        F.col("body_encoding"),
-        F.col("input_file"),
-    )
+    # The columns in SQL text: one call to the JVM for all of them instead of one per column object.
+    columns = {
+        "meta_id": f"coalesce({_text_sql('_p.meta.id')}, {_text_sql('meta_id')})",
+        "reason": f"CASE WHEN _p.poison THEN '{Reason.POISON}' "
+                  f"ELSE coalesce({_text_sql('_p.dead_letter.reason')}, 'unannotated') END",
+        "poison": "_p.poison",
+        "urn": f"coalesce({_text_sql('_p.job')}, {_text_sql('_p.urn')})",
+        "original_queue": f"coalesce({_text_sql('_p.dead_letter.original_queue')}, {_text_sql('_p.meta.queue')}, "
+                          "queue_name)",
+        "queue_name": "queue_name",
+        "dead_letter_queue": "dead_letter_queue",
+        "lang": _text_sql("_p.meta.lang"),
+        "dead_letter_lang": _text_sql("_p.dead_letter.lang"),
+        "schema_version": "try_cast(_p.meta.schema_version AS BIGINT)",
+        "trace_id": _text_sql("_p.trace_id"),
+        "data": "_p.data",
+        "attempts": "coalesce(try_cast(_p.dead_letter.attempts AS BIGINT), try_cast(_p.attempts AS BIGINT))",
+        "exception": f"CASE WHEN NOT _p.poison THEN {_text_sql('_p.dead_letter.exception')} END",
+        "error": f"CASE WHEN _p.poison THEN (CASE WHEN _utf8 THEN '{POISON_INVALID_JSON}' "
+                 f"ELSE '{POISON_INVALID_UTF8}' END) ELSE _p.dead_letter.error END",
+        "created_at": "try_cast(_p.meta.created_at AS BIGINT)",
+        "failed_at": "try_cast(_p.dead_letter.failed_at AS BIGINT)",
+        "source_broker": "broker",
+    }
+    rows = df.selectExpr(*[f"{sql} AS {name}" for name, sql in columns.items()], "source_conn_id", "delivery_count",
+                         "native_reason", "drained_at", "body", "body_encoding", "input_file")
+    # a name given on the command line is a value, never SQL text
+    return rows.withColumn("source_broker", F.lit(source_broker)) if source_broker else rows
 
 
 def deduplicate(df: DataFrame) -> DataFrame:
@@ -263,12 +252,13 @@ def deduplicate(df: DataFrame) -> DataFrame:
     by_id = F.col("meta_id").isNotNull() & ~F.col("poison")
     key = F.when(by_id, F.col("meta_id")).otherwise(
         F.concat(F.col("body_encoding"), F.lit(":"), F.sha2(F.col("body"), 256)))
-    ties = [F.col(c).asc_nulls_first() for c in df.columns if c != "drained_at"]
-    ordered = Window.partitionBy("_key", "_by_id").orderBy(F.col("drained_at").asc_nulls_first(), *ties)
-    whole = ordered.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
-    keyed = df.select("*", key.alias("_key"), by_id.alias("_by_id"))
-    ranked = keyed.select("*", F.row_number().over(ordered).alias("_rank"), F.count(F.lit(1)).over(whole)
-                          .alias("copies"))
+    # The window in SQL text: one call to build instead of one per tie column (building the plan from Python
+    # costs a round trip to the JVM per column object).
+    ties = "".join(f", `{c}` ASC NULLS FIRST" for c in df.columns if c != "drained_at")
+    spec = f"PARTITION BY _key, _by_id ORDER BY drained_at ASC NULLS FIRST{ties}"
+    ranked = df.withColumns({"_key": key, "_by_id": by_id}).withColumns({
+        "_rank": F.expr(f"row_number() OVER ({spec})"),
+        "copies": F.expr(f"count(1) OVER ({spec} ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)")})
     return ranked.where(F.col("_rank") == 1).drop("_key", "_by_id", "_rank")
 
 
@@ -284,11 +274,11 @@ def derive(df: DataFrame) -> DataFrame:
     df = with_error_pattern(df, "error", "_masked")
     # A poison row's error is this job's own fixed text: it is its pattern as it is.
     pattern = F.when(F.col("poison"), F.col("error")).otherwise(F.col("_masked"))
-    df = df.select("*", short_exception(exception).alias("exception_type"),
-                   (F.col("failed_at") - F.col("created_at")).alias("age_ms"), pattern.alias("error_pattern"))
+    df = df.withColumns({"exception_type": short_exception(exception),
+                         "age_ms": F.col("failed_at") - F.col("created_at"), "error_pattern": pattern})
     fingerprint = F.substring(F.sha2(F.concat_ws("\u0000", F.coalesce(exception, F.lit("")),
                                                  F.coalesce(F.col("error_pattern"), F.lit(""))), 256), 1, 16)
-    return df.select(*[fingerprint.alias(c) if c == "fingerprint" else F.col(c) for c in COLUMNS])
+    return df.withColumn("fingerprint", fingerprint).selectExpr(*COLUMNS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

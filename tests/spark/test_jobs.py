@@ -227,8 +227,12 @@ def test_fields_of_unexpected_types_are_read_not_poisoned(tmp_path: Path) -> Non
              for name, body in ODD_BODIES.items()]
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "odd.jsonl").write_bytes(b"".join(lines))
-    summary = submit("triage", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"))
+    # a broker name with quotes is recorded as given (it is a value, never SQL text)
+    broker = "o'brien \"primary\""
+    summary = submit("triage", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
+                     "--source-broker", broker)
     assert summary["by_reason"] == {"failed": 2, "unknown_urn": 1}
+    assert {row["source_broker"] for row in pq.read_table(tmp_path / "out").to_pylist()} == {broker}
     columns = ("meta_id", "reason", "poison", "lang", "schema_version", "created_at", "failed_at", "age_ms",
                "attempts", "exception_type", "original_queue")
     rows = {row["source_conn_id"]: {c: row[c] for c in columns} for row in pq.read_table(tmp_path / "out").to_pylist()}
