@@ -7,7 +7,7 @@ sample with ``-XX:ArchiveClassesAtExit`` (into a temporary file renamed into pla
 builds at once never leave a torn archive); :func:`archive_option` gives the option that uses it.
 
 Measured on this project's 2-core machine (docs/benchmarks.md): a bare ``spark-submit`` 8.8–9.9 s → 5.1 s, the
-1M-record triage + report 33.5–35.1 s → 30.1–31.8 s. The archive belongs to one JDK and one Spark installation: after
+1M-record triage + report 33.5–35.1 s → 30.1–32.2 s. The archive belongs to one JDK and one Spark installation: after
 an upgrade the JVM reports the mismatch on stderr and runs without it (``-Xshare:auto``), so a stale archive
 costs only the saving; rebuild it.
 
