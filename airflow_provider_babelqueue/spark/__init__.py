@@ -35,11 +35,10 @@ LOCAL_CONF = {
     # One JVM with a small heap and few cores: the parallel collector costs less CPU than G1 (no concurrent
     # threads) and less memory (no remembered sets), and unlike the serial one it collects with every core
     # while the tasks wait: 1.2 s less time in collections at 1M records, 1.7 s less wall (docs/benchmarks.md).
-    # A short job spends
-    # much of its CPU in the JIT: with the default thresholds the optimizing compiler (C2) compiles ~2,900
-    # methods for ~45 CPU-seconds at 1M records, most of them planning and set-up code that runs a few
-    # thousand times. Ten times its thresholds leave those in the quick compiler's code and keep C2 for the
-    # per-row loops: ~28 % less compiling, ~7 % less CPU in all (docs/benchmarks.md).
+    # A short job spends much of its CPU in the JIT: with the default thresholds the optimizing compiler (C2)
+    # compiles ~2,900 methods for ~45 CPU-seconds at 1M records, most of them planning and set-up code that
+    # runs a few thousand times. Ten times its thresholds leave those in the quick compiler's code and keep C2
+    # for the per-row loops: ~28 % less compiling, ~7 % less CPU in all (docs/benchmarks.md).
     "spark.driver.extraJavaOptions": "-XX:+UseParallelGC -XX:Tier4InvocationThreshold=50000 "
                                      "-XX:Tier4MinInvocationThreshold=6000 -XX:Tier4CompileThreshold=150000 "
                                      "-XX:Tier4BackEdgeThreshold=400000",

@@ -7,9 +7,9 @@ sample with ``-XX:ArchiveClassesAtExit`` (into a temporary file renamed into pla
 builds at once never leave a torn archive); :func:`archive_option` gives the option that uses it.
 
 Measured on this project's 2-core machine (docs/benchmarks.md): a bare ``spark-submit`` 8.8–9.9 s → 5.1 s, the
-1M-record triage + report 33.5–35.1 s → 30.1–32.2 s. The archive belongs to one JDK and one Spark installation: after
-an upgrade the JVM reports the mismatch on stderr and runs without it (``-Xshare:auto``), so a stale archive
-costs only the saving; rebuild it.
+1M-record triage + report 33.5–35.1 s → 30.1–32.2 s. The archive belongs to one JDK and one Spark
+installation: after an upgrade the JVM reports the mismatch on stderr and runs without it (``-Xshare:auto``),
+so a stale archive costs only the saving; rebuild it.
 
 Build one: ``python -m airflow_provider_babelqueue.spark.class_archive /path/to/spark-driver.jsa`` (or, with
 no path, at ``$BABELQUEUE_SPARK_CLASS_ARCHIVE``: the worker-wide setting ``BabelQueueSparkTriageOperator`` reads

@@ -110,17 +110,18 @@ def with_error_pattern(df: DataFrame, error: str = "error", name: str = "error_p
     :param error: the column holding the error text.
     :param name: the column to add.
     """
-    source, text = F.col(error), F.col("_mask_text")
+    scratch = "_mask_text"
+    source, text = F.col(error), F.col(scratch)
     # no more bytes than the limit in characters: nothing to cut (counting characters walks the text)
     short = F.octet_length(source) <= _ERROR_CHARS
-    df = df.withColumn("_mask_text", F.when(short, source).otherwise(F.substring(source, 1, _ERROR_CHARS)))
+    df = df.withColumn(scratch, F.when(short, source).otherwise(F.substring(source, 1, _ERROR_CHARS)))
     for pattern, mask, needs in _MASKS:
         replaced = F.regexp_replace(text, pattern, mask)
         if needs:
             present = functools.reduce(operator.or_, [source.contains(needle) for needle in needs])
             replaced = F.when(present, replaced).otherwise(text)
-        df = df.withColumn("_mask_text", replaced)
-    return df.withColumn(name, F.trim(text)).drop("_mask_text")
+        df = df.withColumn(scratch, replaced)
+    return df.withColumn(name, F.trim(text)).drop(scratch)
 
 
 def _text_sql(column: str) -> str:
@@ -302,8 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             # the report counts rows and copies by reason anyway: its numbers save a job of our own
             from airflow_provider_babelqueue.spark.report import write_report
 
-            totals = write_report(spark, written, args.output, args.report_output)
-            by_reason, records_in = totals["by_reason"], totals["totals"]["records"]
+            report = write_report(spark, written, args.output, args.report_output)
+            by_reason, records_in = report["by_reason"], report["totals"]["records"]
         else:
             counts = written.groupBy("reason").agg(F.count(F.lit(1)).alias("n"), F.sum("copies").alias("copies"))
             by_reason, records_in = {}, 0
