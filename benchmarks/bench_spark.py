@@ -1,7 +1,11 @@
 """Spark dead-letter triage + report, end to end, at several sizes on local[2]: wall time and peak RSS.
 
 For each size N: generate N drain records (``generate_dead_letters.py``, cached under ``--work``), then run
-``spark-submit triage.py`` and ``spark-submit report.py`` exactly as a user would. Wall time includes both
+``spark-submit triage.py`` and ``spark-submit report.py`` exactly as a user would, and the baseline:
+``spark_copy.py``, Spark reading the same records with triage's reader and writing them back as Parquet (same
+settings and class archive). The ratio to it says what the triage adds to Spark's own floor on this machine,
+which compares across machines better than seconds; the machine's CPU seconds during the run (user, system,
+I/O wait, steal) are printed too. Wall time includes both
 JVM start-ups. Peak RSS is the largest sum of RSS over the whole spark-submit process tree (launcher, JVM,
 Python driver, Python workers), sampled every 50 ms with psutil (the tree itself is found again every second); a
 child caught between fork and exec shares the JVM's memory and is not counted twice.
@@ -85,16 +89,30 @@ def tree_rss(tree: list[psutil.Process]) -> int:
 SAMPLE_SECONDS, TREE_SECONDS = 0.05, 1.0
 
 
+#: The Spark floor the triage is compared with (same input, settings and class archive; see its docstring).
+COPY_SCRIPT = Path(__file__).resolve().with_name("spark_copy.py")
+
+
+def cpu_seconds() -> dict[str, float]:
+    """Machine-wide CPU seconds so far (``/proc/stat``): user, system, I/O wait and steal (the hypervisor's)."""
+    with open("/proc/stat") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    return {"user": (fields[0] + fields[1]) / tick, "sys": fields[2] / tick, "iowait": fields[4] / tick,
+            "steal": fields[7] / tick}
+
+
 def run(job: str, args: list[str], conf: dict[str, str] | None = None) -> tuple[float, int, dict]:
-    """Run one job (with ``conf``, default :data:`CONF`); returns (wall seconds, peak tree RSS bytes, its summary
-    line)."""
+    """Run one job (a name from ``spark.JOBS`` or a script path; with ``conf``, default :data:`CONF`); returns
+    (wall seconds, peak tree RSS bytes, its summary line plus ``"cpu"``: the machine's CPU seconds meanwhile)."""
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     command = [shutil.which("spark-submit", path=env["PATH"]) or "spark-submit", "--master", "local[2]"]
     for key, value in (CONF if conf is None else conf).items():
         command += ["--conf", f"{key}={value}"]
-    started = time.perf_counter()
-    proc = subprocess.Popen([*command, job_path(job), *args], env=env, stdout=subprocess.PIPE,
+    script = job if job.endswith(".py") else job_path(job)
+    cpu_before, started = cpu_seconds(), time.perf_counter()
+    proc = subprocess.Popen([*command, script, *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
     watched, peak, stop = psutil.Process(proc.pid), 0, threading.Event()
 
@@ -113,10 +131,13 @@ def run(job: str, args: list[str], conf: dict[str, str] | None = None) -> tuple[
     stop.set()
     thread.join()
     elapsed = time.perf_counter() - started
+    cpu_after = cpu_seconds()
     if proc.returncode != 0:
         raise SystemExit(f"{job} failed with {proc.returncode}")
     line = next(line for line in out.splitlines() if line.startswith('{"job":'))
-    return elapsed, peak, json.loads(line)
+    summary = json.loads(line)
+    summary["cpu"] = {key: cpu_after[key] - cpu_before[key] for key in cpu_after}
+    return elapsed, peak, summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,23 +174,30 @@ def main(argv: list[str] | None = None) -> int:
                                                        "--report-output", str(report_dir)])
         # the standalone report job on the same Parquet, for comparison
         t_report, rss_report, _ = run("report", ["--input", str(triage_dir), "--output", str(report_dir)])
-        rows.append((n, mb, t_triage, t_report, rss_triage, rss_report, summary["rows"]))
+        # the floor: Spark reading the same records and writing them back, nothing of ours in between
+        t_copy, _, copied = run(str(COPY_SCRIPT), ["--input", str(data), "--output", str(args.work / f"copy-{n}")])
+        if copied["rows"] != summary["records"]:
+            raise SystemExit(f"the copy read {copied['rows']:,} records, triage {summary['records']:,}")
+        rows.append((n, mb, t_triage, t_report, rss_triage, rss_report, summary["rows"], t_copy))
         if n == min(sizes) and CONF != plain:
             t_plain, _, _ = run("triage", ["--input", str(data), "--output", str(triage_dir),
                                            "--report-output", str(report_dir)], plain)
             print(f"  {n:>9,}: triage+report without the class archive {t_plain:5.1f} s "
                   f"(the archive saves {t_plain - t_triage:.1f} s, {t_plain / t_triage:.2f}×)", flush=True)
-        print(f"  {n:>9,}: triage+report {t_triage:5.1f} s, report alone {t_report:5.1f} s, "
+        cpu = summary["cpu"]
+        print(f"  {n:>9,}: triage+report {t_triage:5.1f} s (machine CPU: user {cpu['user']:.1f} s, sys "
+              f"{cpu['sys']:.1f} s, I/O wait {cpu['iowait']:.1f} s, steal {cpu['steal']:.1f} s), report alone "
+              f"{t_report:5.1f} s, Spark copy {t_copy:5.1f} s ({t_triage / t_copy:.2f}× the copy), "
               f"peak {rss_triage / 2**30:.2f} / {rss_report / 2**30:.2f} GiB, "
               f"{summary['rows']:,} rows ({summary['duplicates_removed']:,} duplicates)", flush=True)
     print("\n| records | input MB | triage + report (one app) s | peak RSS GiB | report alone s | its peak GiB "
-          "| rows out | time vs previous |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| rows out | Spark copy s | vs copy | time vs previous |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     previous = None
-    for n, mb, t1, t2, rss1, rss2, out_rows in rows:
+    for n, mb, t1, t2, rss1, rss2, out_rows, t_copy in rows:
         ratio = f"{t1 / previous[1]:.2f}× for {n / previous[0]:.0f}× data" if previous else "—"
         print(f"| {n:,} | {mb:.0f} | {t1:.1f} | {rss1 / 2**30:.2f} | {t2:.1f} | {rss2 / 2**30:.2f} | {out_rows:,} "
-              f"| {ratio} |")
+              f"| {t_copy:.1f} | {t1 / t_copy:.2f}× | {ratio} |")
         previous = (n, t1)
     return 0
 
