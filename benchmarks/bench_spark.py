@@ -3,12 +3,12 @@
 For each size N: generate N drain records (``generate_dead_letters.py``, cached under ``--work``), then run
 ``spark-submit triage.py`` and ``spark-submit report.py`` exactly as a user would, and the baseline:
 ``spark_copy.py``, Spark reading the same records with triage's reader and writing them back as Parquet (same
-settings and class archive). The ratio to it says what the triage adds to Spark's own floor on this machine,
-which compares across machines better than seconds; the machine's CPU seconds during the run (user, system,
-I/O wait, steal) are printed too. Wall time includes both
-JVM start-ups. Peak RSS is the largest sum of RSS over the whole spark-submit process tree (launcher, JVM,
-Python driver, Python workers), sampled every 50 ms with psutil (the tree itself is found again every second); a
-child caught between fork and exec shares the JVM's memory and is not counted twice.
+settings and class archive). The ratio to it says what the triage adds to Spark's own floor on this machine, which
+compares across machines better than seconds; the machine's CPU seconds during the run (user, system, I/O wait,
+steal) are printed too. Every wall time includes that job's JVM start-up. Peak RSS is the largest sum of RSS over
+the whole spark-submit process tree (launcher, JVM, Python driver, Python workers), sampled every 50 ms with psutil
+(the tree itself is found again every second); a child caught between fork and exec shares the JVM's memory and is
+not counted twice.
 
 Goals: 1M records ≤ 30 s wall and ≤ 2 GB peak RSS; 3M ≤ 3.3× the 1M time.
 
@@ -90,7 +90,7 @@ SAMPLE_SECONDS, TREE_SECONDS = 0.05, 1.0
 
 
 #: The Spark floor the triage is compared with (same input, settings and class archive; see its docstring).
-COPY_SCRIPT = Path(__file__).resolve().with_name("spark_copy.py")
+COPY_SCRIPT = str(Path(__file__).resolve().with_name("spark_copy.py"))
 
 
 def cpu_seconds() -> dict[str, float]:
@@ -102,15 +102,15 @@ def cpu_seconds() -> dict[str, float]:
             "steal": fields[7] / tick}
 
 
-def run(job: str, args: list[str], conf: dict[str, str] | None = None) -> tuple[float, int, dict]:
-    """Run one job (a name from ``spark.JOBS`` or a script path; with ``conf``, default :data:`CONF`); returns
-    (wall seconds, peak tree RSS bytes, its summary line plus ``"cpu"``: the machine's CPU seconds meanwhile)."""
+def run(script: str, args: list[str], conf: dict[str, str] | None = None) -> tuple[float, int, dict]:
+    """Run one job script (``job_path(name)`` or :data:`COPY_SCRIPT`; with ``conf``, default :data:`CONF`);
+    returns (wall seconds, peak tree RSS bytes, its summary line plus ``"cpu"``: the machine's CPU seconds
+    meanwhile)."""
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     command = [shutil.which("spark-submit", path=env["PATH"]) or "spark-submit", "--master", "local[2]"]
     for key, value in (CONF if conf is None else conf).items():
         command += ["--conf", f"{key}={value}"]
-    script = job if job.endswith(".py") else job_path(job)
     cpu_before, started = cpu_seconds(), time.perf_counter()
     proc = subprocess.Popen([*command, script, *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
@@ -133,7 +133,7 @@ def run(job: str, args: list[str], conf: dict[str, str] | None = None) -> tuple[
     elapsed = time.perf_counter() - started
     cpu_after = cpu_seconds()
     if proc.returncode != 0:
-        raise SystemExit(f"{job} failed with {proc.returncode}")
+        raise SystemExit(f"{script} failed with {proc.returncode}")
     line = next(line for line in out.splitlines() if line.startswith('{"job":'))
     summary = json.loads(line)
     summary["cpu"] = {key: cpu_after[key] - cpu_before[key] for key in cpu_after}
@@ -170,18 +170,19 @@ def main(argv: list[str] | None = None) -> int:
         mb = sum(p.stat().st_size for p in data.glob("*.jsonl")) / 1e6
         triage_dir, report_dir = args.work / f"triage-{n}", args.work / f"report-{n}"
         # end to end in one application (triage --report-output), as the operator runs it with report_output
-        t_triage, rss_triage, summary = run("triage", ["--input", str(data), "--output", str(triage_dir),
-                                                       "--report-output", str(report_dir)])
+        t_triage, rss_triage, summary = run(job_path("triage"), ["--input", str(data), "--output",
+                                                                 str(triage_dir), "--report-output", str(report_dir)])
         # the standalone report job on the same Parquet, for comparison
-        t_report, rss_report, _ = run("report", ["--input", str(triage_dir), "--output", str(report_dir)])
+        t_report, rss_report, _ = run(job_path("report"), ["--input", str(triage_dir), "--output",
+                                                           str(report_dir)])
         # the floor: Spark reading the same records and writing them back, nothing of ours in between
-        t_copy, _, copied = run(str(COPY_SCRIPT), ["--input", str(data), "--output", str(args.work / f"copy-{n}")])
+        t_copy, _, copied = run(COPY_SCRIPT, ["--input", str(data), "--output", str(args.work / f"copy-{n}")])
         if copied["rows"] != summary["records"]:
             raise SystemExit(f"the copy read {copied['rows']:,} records, triage {summary['records']:,}")
         rows.append((n, mb, t_triage, t_report, rss_triage, rss_report, summary["rows"], t_copy))
         if n == min(sizes) and CONF != plain:
-            t_plain, _, _ = run("triage", ["--input", str(data), "--output", str(triage_dir),
-                                           "--report-output", str(report_dir)], plain)
+            t_plain, _, _ = run(job_path("triage"), ["--input", str(data), "--output", str(triage_dir),
+                                                     "--report-output", str(report_dir)], plain)
             print(f"  {n:>9,}: triage+report without the class archive {t_plain:5.1f} s "
                   f"(the archive saves {t_plain - t_triage:.1f} s, {t_plain / t_triage:.2f}×)", flush=True)
         cpu = summary["cpu"]

@@ -14,16 +14,13 @@ import json
 import sys
 from collections.abc import Sequence
 
-from pyspark.sql import SparkSession
-
-from airflow_provider_babelqueue.spark.common import base_parser
+from airflow_provider_babelqueue.spark.common import base_parser, get_spark
 from airflow_provider_babelqueue.spark.triage import read_records
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = base_parser("Spark floor: drain records (JSON Lines) → Parquet, nothing else").parse_args(argv)
-    spark = SparkSession.builder.appName(args.app_name or "babelqueue-bench-copy").getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    spark = get_spark(args.app_name or "babelqueue-bench-copy")
     try:
         # triage's own reader (same schema, options and filter), and nothing of what triage does after it
         read_records(spark, args.input).write.mode("overwrite").parquet(args.output)
