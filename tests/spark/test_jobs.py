@@ -257,7 +257,9 @@ def test_a_drain_of_torn_lines_only_gives_an_empty_triage_and_a_zero_report(tmp_
     from tests.spark.conftest import submit
 
     (tmp_path / "in").mkdir()
-    (tmp_path / "in" / "torn.jsonl").write_bytes(b'{"v":1,"body":"{\\"job\\":\n{"v":1,"bo\n')
+    # two torn lines, then a whole record with a byte that is not UTF-8 (a corrupted file, never a drain's)
+    (tmp_path / "in" / "torn.jsonl").write_bytes(b'{"v":1,"body":"{\\"job\\":\n{"v":1,"bo\n'
+                                                 b'{"v":1,"body":"{}","body_encoding":"utf-8","meta_id":"\xff"}\n')
     summary = submit("triage", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
                      "--report-output", str(tmp_path / "report"))
     assert (summary["records"], summary["rows"], summary["by_reason"]) == (0, 0, {})
