@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 try:
@@ -46,6 +46,18 @@ def _bucket(age: F.Column) -> F.Column:
     return expr
 
 
+def _top(groups: DataFrame, n: int, ties: Sequence[str]) -> Column:
+    """An aggregate over ``groups``: the ``n`` with the largest ``count``, largest first (equal counts in
+    ``ties`` order, nulls first), each as a struct of all the group's columns. It keeps ``n`` groups per
+    partition and never sorts them all.
+
+    :param groups: aggregated groups with a ``count`` column.
+    :param n: how many to keep.
+    :param ties: the columns that order groups of equal count (together unique, so the order is total).
+    """
+    return F.min_by(F.struct(*groups.columns), F.struct(-F.col("count"), *ties), n)
+
+
 def summarize(rows: DataFrame, input_path: str = "") -> dict[str, Any]:
     """The report's numbers, from triage rows (see docs/spark.md for the layout of ``summary.json``).
 
@@ -53,43 +65,48 @@ def summarize(rows: DataFrame, input_path: str = "") -> dict[str, Any]:
     is columnar, so that is cheap, and nothing is cached: the report adds no memory to a triage that just
     wrote the rows):
 
-    * the totals and the small complete breakdowns (by reason, language, hour and age bucket) as grouping
-      sets of one aggregate; every aggregate there keeps a fixed-size buffer, so Spark hash-aggregates it;
-    * the top (reason, URN, queue) groups and the top error fingerprints, each ranked on the cluster so that
-      only N rows reach the driver. The distinct URNs, queues and fingerprints are counted over those same
-      aggregated groups, not over the rows: that spares a count-distinct job, which would have to expand every
-      row once per counted column.
+    * the totals and the small complete breakdowns (by reason, language, hour and age bucket): the rows are
+      first aggregated by all four at once (far fewer groups than rows), and the grouping sets are taken
+      over those groups, so each row is aggregated once rather than once per breakdown; every aggregate keeps
+      a fixed-size buffer, so Spark hash-aggregates them;
+    * the top (reason, URN, queue) groups and the top error fingerprints, each taken by one aggregate over
+      the aggregated groups (:func:`_top`), which also counts the distinct URNs, queues and fingerprints
+      among those groups (one row per group, not per dead letter): no count-distinct over the rows, no second
+      pass over them, and only N groups reach the driver.
 
     :param rows: triage rows (the Parquet ``triage.py`` writes, or the DataFrame it wrote).
     :param input_path: what to name as the input in the summary.
     """
+    keys = ("reason", "lang", "h", "bucket")
     hour = F.floor(F.col("failed_at") / HOUR_MS) * HOUR_MS
-    sets = rows.select("reason", "lang", hour.alias("h"), _bucket(F.col("age_ms")).alias("bucket"), "copies",
-                       "failed_at").groupingSets([[], ["reason"], ["lang"], ["h"], ["bucket"]],
-                                                 "reason", "lang", "h", "bucket").agg(
-        F.count(F.lit(1)).alias("count"), F.grouping_id("reason", "lang", "h", "bucket").alias("gid"),
-        F.sum("copies").alias("records"), F.min("failed_at").alias("first_failed_at"),
-        F.max("failed_at").alias("last_failed_at"), F.count("failed_at").alias("with_failed_at"))
+    fine = rows.select("reason", "lang", hour.alias("h"), _bucket(F.col("age_ms")).alias("bucket"), "copies",
+                       "failed_at").groupBy(*keys).agg(
+        F.count(F.lit(1)).alias("n"), F.sum("copies").alias("copies"), F.min("failed_at").alias("first"),
+        F.max("failed_at").alias("last"), F.count("failed_at").alias("dated"))
+    sets = fine.groupingSets([[], ["reason"], ["lang"], ["h"], ["bucket"]], *keys).agg(
+        F.sum("n").alias("count"), F.grouping_id(*keys).alias("gid"), F.sum("copies").alias("records"),
+        F.min("first").alias("first_failed_at"), F.max("last").alias("last_failed_at"),
+        F.sum("dated").alias("with_failed_at"))
 
-    # The distinct counts are taken over the aggregated groups (one row per group, not per dead letter) and
-    # joined to every group.
-    groups = rows.groupBy("reason", "urn", "original_queue").count()
-    groups = groups.crossJoin(groups.agg(F.count_distinct("urn").alias("_urns"),
-                                         F.count_distinct("original_queue").alias("_queues")))
-    groups = groups.orderBy(F.desc("count"), "reason", "urn", "original_queue").limit(TOP_GROUPS)
+    group_keys = ("reason", "urn", "original_queue")
+    groups = rows.groupBy(*group_keys).count()
+    groups = groups.agg(_top(groups, TOP_GROUPS, group_keys).alias("top"),
+                        F.size(F.collect_set("urn")).alias("urns"),
+                        F.size(F.collect_set("original_queue")).alias("queues"))
 
     prints = rows.groupBy("fingerprint").agg(
         F.count(F.lit(1)).alias("count"), F.min("exception").alias("exception"),
         F.min("exception_type").alias("exception_type"), F.min("error_pattern").alias("error_pattern"),
         F.min("error").alias("example_error"), F.sort_array(F.collect_set("reason")).alias("reasons"),
         F.min("failed_at").alias("first_failed_at"), F.max("failed_at").alias("last_failed_at"))
-    prints = prints.crossJoin(prints.agg(F.count("fingerprint").alias("_fingerprints")))
-    prints = prints.orderBy(F.desc("count"), "fingerprint").limit(TOP_FINGERPRINTS)
+    prints = prints.agg(_top(prints, TOP_FINGERPRINTS, ["fingerprint"]).alias("top"),
+                        F.count("fingerprint").alias("fingerprints"))
 
     # Submitted together: while the driver plans and compiles one query, the executors run another's tasks.
     with ThreadPoolExecutor(max_workers=3, thread_name_prefix="babelqueue-report") as pool:
-        sets_rows, top_groups, top_prints = [f.result() for f in [pool.submit(df.collect)
-                                                                   for df in (sets, groups, prints)]]
+        sets_rows, (groups_row,), (prints_row,) = [f.result() for f in [pool.submit(df.collect)
+                                                                         for df in (sets, groups, prints)]]
+    top_groups, top_prints = groups_row["top"] or [], prints_row["top"] or []
 
     by_set: dict[str, list[Any]] = {"all": [], "reason": [], "lang": [], "h": [], "bucket": []}
     for r in sets_rows:
@@ -110,16 +127,14 @@ def summarize(rows: DataFrame, input_path: str = "") -> dict[str, Any]:
         age_buckets.append({"bucket": "unknown", "count": ages["unknown"]})
     by_group = [{"reason": r["reason"], "urn": r["urn"], "original_queue": r["original_queue"], "count": r["count"]}
                 for r in top_groups]
-    top = [{k: v for k, v in r.asDict().items() if k != "_fingerprints"} for r in top_prints]
+    top = [r.asDict() for r in top_prints]
 
     overall = by_set["all"][0] if by_set["all"] else None  # no group at all when there are no rows
     dead_letters = overall["count"] if overall else 0
     totals = {
         "dead_letters": dead_letters, "records": int(overall["records"] or 0) if overall else 0,
         "poison": by_reason.get(str(Reason.POISON), 0),
-        "urns": top_groups[0]["_urns"] if top_groups else 0,
-        "queues": top_groups[0]["_queues"] if top_groups else 0,
-        "fingerprints": top_prints[0]["_fingerprints"] if top_prints else 0,
+        "urns": groups_row["urns"], "queues": groups_row["queues"], "fingerprints": prints_row["fingerprints"],
         "first_failed_at": overall["first_failed_at"] if overall else None,
         "last_failed_at": overall["last_failed_at"] if overall else None,
         "without_failed_at": dead_letters - (overall["with_failed_at"] if overall else 0),
