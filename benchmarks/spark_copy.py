@@ -3,7 +3,7 @@
 ``bench_spark.py`` runs it with the same settings, class archive and input as the triage, so the ratio
 (triage + report) / copy says how much our job adds to what Spark itself needs to read these records and
 write a columnar copy on the machine at hand. That ratio travels between machines better than seconds do:
-the 2-core machines the benchmark runs on differ by a factor of ~1.5 from one session to the next.
+the 2-core machines the benchmark runs on differ by a factor of up to ~2.3 from one session to the next.
 
 Run: ``spark-submit spark_copy.py --input <drain folder> --output <folder>`` (``bench_spark.py`` does).
 """

@@ -125,8 +125,7 @@ def summarize(rows: DataFrame, input_path: str = "") -> dict[str, Any]:
     age_buckets = [{"bucket": label, "count": ages.get(label, 0)} for label, _ in AGE_BUCKETS]
     if ages.get("unknown"):
         age_buckets.append({"bucket": "unknown", "count": ages["unknown"]})
-    by_group = [{"reason": r["reason"], "urn": r["urn"], "original_queue": r["original_queue"], "count": r["count"]}
-                for r in top_groups]
+    by_group = [r.asDict() for r in top_groups]  # reason, urn, original_queue, count
     top = [r.asDict() for r in top_prints]
 
     overall = by_set["all"][0] if by_set["all"] else None  # no group at all when there are no rows
