@@ -39,9 +39,9 @@ def spark_submit_path() -> str | None:
     return shutil.which("spark-submit", path=spark_env()["PATH"])
 
 
-def submit(job: str, *args: str) -> dict[str, Any]:
+def submit(job: str, *args: str, log: list[str] | None = None) -> dict[str, Any]:
     """Run one job with the real spark-submit in local[2] (with the session's class archive, as the operator
-    would pass it); returns its JSON summary line."""
+    would pass it); returns its JSON summary line, and appends its stderr (the task log's part) to ``log``."""
     command = [spark_submit_path() or "spark-submit", "--master", "local[2]"]
     conf = recommended_conf("local[2]", SPARK_CONF, class_archive=os.environ.get(CLASS_ARCHIVE_ENV))
     for key, value in conf.items():
@@ -50,6 +50,8 @@ def submit(job: str, *args: str) -> dict[str, Any]:
                           timeout=300, check=False)
     if done.returncode != 0:
         pytest.fail(f"spark-submit {job} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    if log is not None:
+        log.append(done.stderr)
     lines = [line for line in done.stdout.splitlines() if line.startswith('{"job":')]
     assert len(lines) == 1, done.stdout
     return json.loads(lines[0])

@@ -271,3 +271,28 @@ def test_a_drain_of_torn_lines_only_gives_an_empty_triage_and_a_zero_report(tmp_
     assert (report["by_reason"], report["by_reason_urn_queue"], report["top_fingerprints"], report["hourly"],
             report["by_lang"]) == ({}, [], [], [], {})
     assert [b["count"] for b in report["age_buckets"]] == [0] * 7
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("spark_archive")
+def test_eight_reasons_written_at_once_log_no_parquet_memory_warnings(tmp_path: Path) -> None:
+    from airflow_provider_babelqueue.bindings.base import ReceivedMessage
+    from airflow_provider_babelqueue.drain import drain_record
+    from tests.spark.conftest import submit
+
+    reasons = [f"reason_{index}" for index in range(8)]
+    lines = [drain_record(ReceivedMessage(json.dumps({
+        "job": "urn:babel:orders:created", "data": {}, "meta": {"id": f"id-{index}", "queue": "orders"},
+        "dead_letter": {"reason": reason, "failed_at": DRAINED}}).encode(), "orders", None, None, 0),
+        broker="redis", dead_letter_queue="orders:failed", source_conn_id="redis_default", drained_at=DRAINED)
+        for index, reason in enumerate(reasons)]
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "reasons.jsonl").write_bytes(b"".join(lines))
+    log: list[str] = []
+    summary = submit("triage", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), log=log)
+    assert summary["by_reason"] == dict.fromkeys(reasons, 1)
+    # one task writes all eight reasons at once (one file each). With Parquet's 128 MiB row groups eight open
+    # files claim more than its 95 % share of the 1 GiB heap, and it logs a WARN for every file opened or
+    # closed; LOCAL_CONF's row group size fits them
+    assert "MemoryManager" not in log[0]
+    assert "Scaling row group sizes" not in log[0]
