@@ -159,11 +159,11 @@ def _parse_body(text: Column) -> Column:
 
     def two_level(b: Column) -> Column:
         readable = b.isNotNull() & b[_CORRUPT].isNull()
-        text = F.struct((~readable).alias("poison"), *[b[name].alias(name) for name in _TOP_FIELDS],
-                        F.when(readable, F.from_json(b["meta"], _META_SCHEMA, _JSON_OPTIONS)).alias("meta"),
-                        F.when(readable, F.from_json(b["dead_letter"], _DEAD_LETTER_SCHEMA, _JSON_OPTIONS))
-                        .alias("dead_letter"))
-        return text.try_cast(_PARSED)  # the numbers field by field, a failed one unknown
+        as_text = F.struct((~readable).alias("poison"), *[b[name].alias(name) for name in _TOP_FIELDS],
+                           F.when(readable, F.from_json(b["meta"], _META_SCHEMA, _JSON_OPTIONS)).alias("meta"),
+                           F.when(readable, F.from_json(b["dead_letter"], _DEAD_LETTER_SCHEMA, _JSON_OPTIONS))
+                           .alias("dead_letter"))
+        return as_text.try_cast(_PARSED)  # the numbers field by field, a failed one unknown
 
     # (the text is cheap to compute again: the body itself, or a base64 decode for the rare odd body)
     return _bind(F.from_json(text, _NESTED_BODY_SCHEMA, _JSON_OPTIONS), lambda n: F.when(

@@ -215,18 +215,25 @@ ODD_BODIES = {
 }
 
 
+def _write_drain(folder: Path, bodies: dict[str, bytes]) -> None:
+    """One drain file in ``folder`` holding ``bodies``, each drained from Redis with its name as the record's
+    ``source_conn_id`` (so a test can tell the rows apart)."""
+    from airflow_provider_babelqueue.bindings.base import ReceivedMessage
+    from airflow_provider_babelqueue.drain import drain_record
+
+    folder.mkdir()
+    (folder / "drain.jsonl").write_bytes(b"".join(
+        drain_record(ReceivedMessage(body, "orders", None, None, 0), broker="redis",
+                     dead_letter_queue="orders:failed", source_conn_id=name, drained_at=DRAINED)
+        for name, body in bodies.items()))
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("spark_archive")
 def test_fields_of_unexpected_types_are_read_not_poisoned(tmp_path: Path) -> None:
-    from airflow_provider_babelqueue.bindings.base import ReceivedMessage
-    from airflow_provider_babelqueue.drain import drain_record
     from tests.spark.conftest import submit
 
-    lines = [drain_record(ReceivedMessage(body, "orders", None, None, 0), broker="redis",
-                          dead_letter_queue="orders:failed", source_conn_id=name, drained_at=DRAINED)
-             for name, body in ODD_BODIES.items()]
-    (tmp_path / "in").mkdir()
-    (tmp_path / "in" / "odd.jsonl").write_bytes(b"".join(lines))
+    _write_drain(tmp_path / "in", ODD_BODIES)
     # a broker name with quotes is recorded as given (it is a value, never SQL text)
     broker = "o'brien \"primary\""
     summary = submit("triage", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
@@ -276,18 +283,12 @@ def test_a_drain_of_torn_lines_only_gives_an_empty_triage_and_a_zero_report(tmp_
 @pytest.mark.slow
 @pytest.mark.usefixtures("spark_archive")
 def test_eight_reasons_written_at_once_log_no_parquet_memory_warnings(tmp_path: Path) -> None:
-    from airflow_provider_babelqueue.bindings.base import ReceivedMessage
-    from airflow_provider_babelqueue.drain import drain_record
     from tests.spark.conftest import submit
 
     reasons = [f"reason_{index}" for index in range(8)]
-    lines = [drain_record(ReceivedMessage(json.dumps({
+    _write_drain(tmp_path / "in", {reason: json.dumps({
         "job": "urn:babel:orders:created", "data": {}, "meta": {"id": f"id-{index}", "queue": "orders"},
-        "dead_letter": {"reason": reason, "failed_at": DRAINED}}).encode(), "orders", None, None, 0),
-        broker="redis", dead_letter_queue="orders:failed", source_conn_id="redis_default", drained_at=DRAINED)
-        for index, reason in enumerate(reasons)]
-    (tmp_path / "in").mkdir()
-    (tmp_path / "in" / "reasons.jsonl").write_bytes(b"".join(lines))
+        "dead_letter": {"reason": reason, "failed_at": DRAINED}}).encode() for index, reason in enumerate(reasons)})
     log: list[str] = []
     summary = submit("triage", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"), log=log)
     assert summary["by_reason"] == dict.fromkeys(reasons, 1)
