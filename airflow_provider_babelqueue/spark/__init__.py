@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 __all__ = ["JOBS", "JOB_CONF", "LOCAL_CONF", "job_path", "recommended_conf"]
@@ -68,18 +69,21 @@ def recommended_conf(master: str | None, conf: dict[str, str] | None = None,
     :param master: the Spark master (``local[2]``, ``yarn``, ``spark://...``, ...); ``None`` if unknown.
     :param conf: the caller's settings; they always win.
     :param class_archive: a local master only: the driver JVM's class-data archive
-        (:mod:`~airflow_provider_babelqueue.spark.class_archive`), appended to whatever
-        ``spark.driver.extraJavaOptions`` ends up being, when the file exists (else ignored).
+        (:mod:`~airflow_provider_babelqueue.spark.class_archive`), when the file exists (else ignored): its
+        option is appended to whatever ``spark.driver.extraJavaOptions`` ends up being, and the unsigned jars
+        it was trained with go first on ``spark.driver.extraClassPath``.
     """
     local = bool(master) and (master == "local" or master.startswith("local["))
     settings = {**JOB_CONF, **(LOCAL_CONF if local else {}), **(conf or {})}
     if local and class_archive:
-        from .class_archive import archive_option
+        from .class_archive import archive_conf
 
-        option = archive_option(class_archive)
-        if option is not None:
-            key = "spark.driver.extraJavaOptions"
-            settings[key] = " ".join(filter(None, (settings.get(key), option)))
+        extra = archive_conf(class_archive)
+        java, classpath = "spark.driver.extraJavaOptions", "spark.driver.extraClassPath"
+        if java in extra:  # after the caller's options: the archive joins them
+            settings[java] = " ".join(filter(None, (settings.get(java), extra[java])))
+        if classpath in extra:  # before the caller's class path, in the order the archive was trained with
+            settings[classpath] = os.pathsep.join(filter(None, (extra[classpath], settings.get(classpath))))
     return settings
 
 

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import zipfile
 from pathlib import Path
 
 import orjson
 import pytest
 
 from airflow_provider_babelqueue.spark import JOB_CONF, LOCAL_CONF, recommended_conf
-from airflow_provider_babelqueue.spark.class_archive import archive_option, sample_records
+from airflow_provider_babelqueue.spark.class_archive import (
+    archive_conf,
+    archive_jars,
+    archive_option,
+    sample_records,
+    unsigned_copy,
+)
 from tests.spark.conftest import spark_env, spark_submit_path
 
 JAVA = "spark.driver.extraJavaOptions"
+CLASSPATH = "spark.driver.extraClassPath"
 
 
 def test_recommended_conf_adds_an_existing_archive_to_local_driver_options_only(tmp_path: Path) -> None:
@@ -26,6 +35,56 @@ def test_recommended_conf_adds_an_existing_archive_to_local_driver_options_only(
     assert mine[JAVA] == f"-Xss4m {option}"  # the caller's options stay; the archive joins them
     assert JAVA not in recommended_conf("yarn", class_archive=str(archive))  # a cluster's driver is elsewhere
     assert archive_option(None) is None and archive_option(tmp_path / "nope.jsa") is None
+    assert CLASSPATH not in mine  # no unsigned jars next to this archive: the class path is left alone
+
+
+def test_the_unsigned_jars_of_an_archive_go_first_on_the_driver_class_path(tmp_path: Path) -> None:
+    archive = tmp_path / "driver.jsa"
+    archive.write_bytes(b"x")
+    folder = tmp_path / "driver.jsa.jars"
+    folder.mkdir()
+    for name in ("janino-3.1.9.jar", "commons-compiler-3.1.9.jar", "notes.txt"):
+        (folder / name).write_bytes(b"jar")
+    jars = [str(folder / "commons-compiler-3.1.9.jar"), str(folder / "janino-3.1.9.jar")]  # name order, jars only
+    assert archive_jars(archive) == jars
+    assert archive_conf(archive) == {JAVA: f"-XX:SharedArchiveFile={archive}", CLASSPATH: os.pathsep.join(jars)}
+    assert recommended_conf("local[2]", class_archive=str(archive))[CLASSPATH] == os.pathsep.join(jars)
+    mine = recommended_conf("local[2]", {CLASSPATH: "/opt/extra.jar"}, class_archive=str(archive))
+    assert mine[CLASSPATH] == os.pathsep.join([*jars, "/opt/extra.jar"])  # the archive's first, as in training
+    assert CLASSPATH not in recommended_conf("yarn", class_archive=str(archive))
+    assert archive_conf(tmp_path / "nope.jsa") == {}
+
+
+def _jar(path: Path, entries: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w") as jar:
+        for name, data in entries.items():
+            jar.writestr(zipfile.ZipInfo(name, (2022, 11, 16, 10, 17, 0)), data, compress_type=zipfile.ZIP_DEFLATED)
+    os.utime(path, ns=(1_668_590_263_000_000_000, 1_668_590_263_000_000_000))
+    return path
+
+
+def test_an_unsigned_copy_keeps_every_entry_but_the_signature_and_the_jars_time(tmp_path: Path) -> None:
+    entries = {"META-INF/MANIFEST.MF": b"Manifest-Version: 1.0\r\n\r\nName: a/B.class\r\nSHA-256-Digest: x\r\n",
+               "META-INF/CODESIGN.SF": b"signature file", "META-INF/CODESIGN.RSA": b"block",
+               "META-INF/SIG-OLD": b"old-style", "META-INF/maven/pom.xml": b"<project/>",
+               "a/B.class": b"\xca\xfe\xba\xbe" + bytes(range(256)) * 8, "a/C.class": b"\xca\xfe"}
+    signed = _jar(tmp_path / "signed.jar", entries)
+    copy = tmp_path / "out" / "signed.jar"
+    copy.parent.mkdir()
+    assert unsigned_copy(signed, copy) is True
+    with zipfile.ZipFile(copy) as jar:
+        kept = {info.filename: (jar.read(info), info.date_time, info.compress_type) for info in jar.infolist()}
+    assert list(kept) == ["META-INF/MANIFEST.MF", "META-INF/maven/pom.xml", "a/B.class", "a/C.class"]
+    assert {name: data for name, (data, _, _) in kept.items()} == {name: entries[name] for name in kept}
+    assert {(date, kind) for _, date, kind in kept.values()} == {((2022, 11, 16, 10, 17, 0), zipfile.ZIP_DEFLATED)}
+    assert copy.stat().st_mtime_ns == signed.stat().st_mtime_ns  # the JVM checks it against the archive's record
+    first = copy.stat()
+    assert unsigned_copy(signed, copy) is True  # a second build: the same file, left in place (same inode)
+    assert (copy.stat().st_ino, copy.stat().st_size) == (first.st_ino, first.st_size)
+    assert [p.name for p in copy.parent.iterdir()] == ["signed.jar"]  # no temporary file left
+    plain = _jar(tmp_path / "plain.jar", {"META-INF/MANIFEST.MF": b"Manifest-Version: 1.0\r\n", "a/B.class": b"x"})
+    assert unsigned_copy(plain, tmp_path / "out" / "plain.jar") is False  # nothing to strip: no copy made
+    assert not (tmp_path / "out" / "plain.jar").exists()
 
 
 def test_the_training_sample_covers_every_branch_the_jobs_take() -> None:
@@ -41,7 +100,9 @@ def test_a_built_archive_is_mapped_by_the_next_driver_jvm(tmp_path: Path, spark_
     # the session's archive (tests/conftest.py): build_class_archive's real training run, shared by every submit
     archive, submit = spark_archive, spark_submit_path()
     assert archive.is_file() and archive.stat().st_size > 10_000_000
-    assert [p.name for p in archive.parent.iterdir()] == ["driver.jsa"]  # no partial file left behind
+    # no partial file left behind; next to the archive, the unsigned copies of Spark's two signed jars
+    assert sorted(p.name for p in archive.parent.iterdir()) == ["driver.jsa", "driver.jsa.jars"]
+    assert [Path(jar).name.rsplit("-", 1)[0] for jar in archive_jars(archive)] == ["commons-compiler", "janino"]
     probe = tmp_path / "probe.py"
     probe.write_text("from pyspark.sql import SparkSession\n"
                      "s = SparkSession.builder.getOrCreate()\nprint(s.range(3).count())\ns.stop()\n")
@@ -56,3 +117,6 @@ def test_a_built_archive_is_mapped_by_the_next_driver_jvm(tmp_path: Path, spark_
     shared = [line for line in loaded.splitlines()
               if "org.apache.spark." in line and "shared objects file (top)" in line]
     assert len(shared) > 1000, loaded[-2000:]  # Spark's own classes come from the archive's top (dynamic) layer
+    # so do the query compiler's (from a signed jar the JVM would load and verify each of them again)
+    janino = [line for line in loaded.splitlines() if "[class,load] org.codehaus.janino." in line]
+    assert len(janino) > 100 and all("shared objects file (top)" in line for line in janino), janino[:5]
