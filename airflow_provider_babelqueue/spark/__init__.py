@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 __all__ = ["JOBS", "JOB_CONF", "LOCAL_CONF", "job_path", "recommended_conf"]
@@ -76,14 +75,9 @@ def recommended_conf(master: str | None, conf: dict[str, str] | None = None,
     local = bool(master) and (master == "local" or master.startswith("local["))
     settings = {**JOB_CONF, **(LOCAL_CONF if local else {}), **(conf or {})}
     if local and class_archive:
-        from .class_archive import archive_conf
+        from .class_archive import add_driver_conf, archive_conf
 
-        extra = archive_conf(class_archive)
-        java, classpath = "spark.driver.extraJavaOptions", "spark.driver.extraClassPath"
-        if java in extra:  # after the caller's options: the archive joins them
-            settings[java] = " ".join(filter(None, (settings.get(java), extra[java])))
-        if classpath in extra:  # before the caller's class path, in the order the archive was trained with
-            settings[classpath] = os.pathsep.join(filter(None, (extra[classpath], settings.get(classpath))))
+        settings = add_driver_conf(settings, archive_conf(class_archive))
     return settings
 
 

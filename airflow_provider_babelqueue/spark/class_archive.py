@@ -36,12 +36,14 @@ import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["CLASS_ARCHIVE_ENV", "archive_conf", "archive_jars", "archive_option", "build_class_archive", "main",
-           "sample_records", "unsigned_copy"]
+__all__ = ["CLASS_ARCHIVE_ENV", "add_driver_conf", "archive_conf", "archive_jars", "archive_option",
+           "build_class_archive", "main", "sample_records", "unsigned_copy"]
 
 #: The environment variable naming a worker's archive: the operator's default ``class_archive`` and this
 #: module's default output path.
 CLASS_ARCHIVE_ENV = "BABELQUEUE_SPARK_CLASS_ARCHIVE"
+
+_JAVA, _CLASSPATH = "spark.driver.extraJavaOptions", "spark.driver.extraClassPath"
 
 
 def archive_option(path: str | os.PathLike[str] | None) -> str | None:
@@ -65,11 +67,23 @@ def archive_conf(path: str | os.PathLike[str] | None) -> dict[str, str]:
     option = archive_option(path)
     if option is None:
         return {}
-    conf = {"spark.driver.extraJavaOptions": option}
+    conf = {_JAVA: option}
     jars = archive_jars(path)  # type: ignore[arg-type]  # not None: the archive exists
     if jars:
-        conf["spark.driver.extraClassPath"] = os.pathsep.join(jars)
+        conf[_CLASSPATH] = os.pathsep.join(jars)
     return conf
+
+
+def add_driver_conf(settings: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """``settings`` with the archive's driver settings ``extra`` (:func:`archive_conf`, or the training run's)
+    joined in: its JVM options after the ones there (they join them), its class path before the one there (the
+    order the archive was trained with)."""
+    joined = dict(settings)
+    if _JAVA in extra:
+        joined[_JAVA] = " ".join(filter(None, (settings.get(_JAVA), extra[_JAVA])))
+    if _CLASSPATH in extra:
+        joined[_CLASSPATH] = os.pathsep.join(filter(None, (extra[_CLASSPATH], settings.get(_CLASSPATH))))
+    return joined
 
 
 #: A jar's signature: the signature file and its signature block (``META-INF/NAME.SF`` with ``.RSA``, ``.DSA``
@@ -186,22 +200,19 @@ def build_class_archive(
     submit = spark_submit or shutil.which("spark-submit", path=bin_dir) or shutil.which("spark-submit")
     if submit is None:
         raise RuntimeError("spark-submit not found: install pyspark or pass spark_submit")
-    settings = dict(recommended_conf("local[2]") if conf is None else conf)
     run_env = dict(os.environ if env is None else env)
     run_env.setdefault("PYSPARK_PYTHON", sys.executable)
     jars = _unsigned_jars(target, submit, run_env)
-    if jars:  # first on the class path, as archive_conf puts them
-        key = "spark.driver.extraClassPath"
-        settings[key] = os.pathsep.join(filter(None, (*jars, settings.get(key))))
     with tempfile.TemporaryDirectory(prefix="babelqueue-cds-") as work:
         sample = Path(work, "in", "sample.jsonl")
         sample.parent.mkdir()
         sample.write_bytes(sample_records())
         partial = Path(tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)[1])
         partial.unlink()  # the JVM writes it at exit
-        java = " ".join(filter(None, (settings.get("spark.driver.extraJavaOptions"),
-                                      f"-XX:ArchiveClassesAtExit={partial}")))
-        settings["spark.driver.extraJavaOptions"] = java
+        training = {_JAVA: f"-XX:ArchiveClassesAtExit={partial}"}
+        if jars:  # first on the class path, where archive_conf puts them again
+            training[_CLASSPATH] = os.pathsep.join(jars)
+        settings = add_driver_conf(recommended_conf("local[2]") if conf is None else conf, training)
         command = [submit, "--master", "local[2]"]
         for key, value in settings.items():
             command += ["--conf", f"{key}={value}"]
