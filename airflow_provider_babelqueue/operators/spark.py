@@ -20,7 +20,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from ..spark import JOBS, job_path, recommended_conf
-from ..spark.class_archive import CLASS_ARCHIVE_ENV, archive_option
+from ..spark.class_archive import CLASS_ARCHIVE_ENV, PY_FILES, archive_option
 
 __all__ = ["BabelQueueSparkTriageOperator", "package_zip"]
 
@@ -93,7 +93,10 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
         ``python -m airflow_provider_babelqueue.spark.class_archive <path>`` on the worker; it halves the JVM's
         start-up (a missing file is logged and the job runs without it; templated). The archive belongs to the
         worker machine (its JDK and Spark), so by default it is read from the worker's environment,
-        ``BABELQUEUE_SPARK_CLASS_ARCHIVE``, at execution: set it once per worker and every DAG uses it.
+        ``BABELQUEUE_SPARK_CLASS_ARCHIVE``, at execution: set it once per worker and every DAG uses it. The
+        compiled copies of Spark's Python zips built with it go first on the driver's Python path
+        (``spark.submit.pyFiles``, or ahead of ``py_files`` when you give those: spark-submit's ``--py-files``
+        replaces that setting).
     :param env_vars: environment for spark-submit; ``PYSPARK_PYTHON`` defaults to this interpreter
         (``sys.executable``) unless given (on a cluster, give the executors' Python).
     """
@@ -199,6 +202,10 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
         if self.ship_package:
             zipped = package_zip()
             self.py_files = f"{self.py_files},{zipped}" if self.py_files else zipped
+        if self.py_files and isinstance(self.conf, dict) and self.conf.get(PY_FILES):
+            # --py-files replaces spark.submit.pyFiles: its files (the archive's compiled copies first) go ahead
+            self.conf = dict(self.conf)
+            self.py_files = f"{self.conf.pop(PY_FILES)},{self.py_files}"
         super().execute(context)
         output = str(self.output_path).rstrip("/")
         result: dict[str, Any] = {"job": self.job, "input": self.input_path, "output": str(self.output_path)}

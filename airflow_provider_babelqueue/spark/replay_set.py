@@ -12,6 +12,15 @@ Layout: ``<output>/target_queue=<queue>/part-*.txt`` (one envelope per line) and
 
 from __future__ import annotations
 
+# First, before anything imports pyspark: a compiled copy of Spark's Python package (the class archive's) may
+# lead the path; it stays only if it matches the installation's (spark/bytecode.py).
+try:
+    from airflow_provider_babelqueue.spark.bytecode import drop_stale_copies
+except ImportError:  # pragma: no cover - the package is missing: the import below says what to do
+    pass
+else:
+    drop_stale_copies()
+
 import json
 import sys
 import time

@@ -35,6 +35,19 @@ def spark_env() -> dict[str, str]:
     return env
 
 
+def fake_archive(root: Path, **folders: tuple[str, ...]) -> Path:
+    """A stand-in class archive at ``root/driver.jsa`` with the files named in ``folders`` next to it, e.g.
+    ``jars=("janino-3.1.9.jar",)`` → ``driver.jsa.jars/janino-3.1.9.jar`` (for the settings that read them)."""
+    archive = root / "driver.jsa"
+    archive.write_bytes(b"x")
+    for suffix, names in folders.items():
+        folder = root / f"driver.jsa.{suffix}"
+        folder.mkdir()
+        for name in names:
+            (folder / name).write_bytes(b"stand-in")
+    return archive
+
+
 def spark_submit_path() -> str | None:
     return shutil.which("spark-submit", path=spark_env()["PATH"])
 

@@ -15,10 +15,11 @@ from airflow_provider_babelqueue.spark.class_archive import (
     archive_conf,
     archive_jars,
     archive_option,
+    archive_python,
     sample_records,
     unsigned_copy,
 )
-from tests.spark.conftest import spark_env, spark_submit_path
+from tests.spark.conftest import fake_archive, spark_env, spark_submit_path
 
 JAVA = "spark.driver.extraJavaOptions"
 CLASSPATH = "spark.driver.extraClassPath"
@@ -39,12 +40,8 @@ def test_recommended_conf_adds_an_existing_archive_to_local_driver_options_only(
 
 
 def test_the_unsigned_jars_of_an_archive_go_first_on_the_driver_class_path(tmp_path: Path) -> None:
-    archive = tmp_path / "driver.jsa"
-    archive.write_bytes(b"x")
+    archive = fake_archive(tmp_path, jars=("janino-3.1.9.jar", "commons-compiler-3.1.9.jar", "notes.txt"))
     folder = tmp_path / "driver.jsa.jars"
-    folder.mkdir()
-    for name in ("janino-3.1.9.jar", "commons-compiler-3.1.9.jar", "notes.txt"):
-        (folder / name).write_bytes(b"jar")
     jars = [str(folder / "commons-compiler-3.1.9.jar"), str(folder / "janino-3.1.9.jar")]  # name order, jars only
     assert archive_jars(archive) == jars
     assert archive_conf(archive) == {JAVA: f"-XX:SharedArchiveFile={archive}", CLASSPATH: os.pathsep.join(jars)}
@@ -100,11 +97,16 @@ def test_a_built_archive_is_mapped_by_the_next_driver_jvm(tmp_path: Path, spark_
     # the session's archive (tests/conftest.py): build_class_archive's real training run, shared by every submit
     archive, submit = spark_archive, spark_submit_path()
     assert archive.is_file() and archive.stat().st_size > 10_000_000
-    # no partial file left behind; next to the archive, the unsigned copies of Spark's two signed jars
-    assert sorted(p.name for p in archive.parent.iterdir()) == ["driver.jsa", "driver.jsa.jars"]
+    # no partial file left behind; next to the archive, the unsigned copies of Spark's two signed jars and the
+    # compiled copies of its two Python zips
+    assert sorted(p.name for p in archive.parent.iterdir()) == ["driver.jsa", "driver.jsa.jars", "driver.jsa.python"]
     assert [Path(jar).name.rsplit("-", 1)[0] for jar in archive_jars(archive)] == ["commons-compiler", "janino"]
+    copies = archive_python(archive)
+    assert [Path(copy).name.split("-", 1)[0] for copy in copies] == ["py4j", "pyspark.compiled.zip"]
     probe = tmp_path / "probe.py"
-    probe.write_text("from pyspark.sql import SparkSession\n"
+    probe.write_text("from airflow_provider_babelqueue.spark.bytecode import drop_stale_copies\n"
+                     "print('dropped', drop_stale_copies())\nimport pyspark, py4j\n"
+                     "print('modules', pyspark.__file__, py4j.__file__)\nfrom pyspark.sql import SparkSession\n"
                      "s = SparkSession.builder.getOrCreate()\nprint(s.range(3).count())\ns.stop()\n")
     conf = recommended_conf("local[1]", class_archive=str(archive))
     command = [submit, "--master", "local[1]"]
@@ -120,3 +122,8 @@ def test_a_built_archive_is_mapped_by_the_next_driver_jvm(tmp_path: Path, spark_
     # so do the query compiler's (from a signed jar the JVM would load and verify each of them again)
     janino = [line for line in loaded.splitlines() if "[class,load] org.codehaus.janino." in line]
     assert len(janino) > 100 and all("shared objects file (top)" in line for line in janino), janino[:5]
+    # the driver checked the compiled copies against the installation's zips, kept them, and imported bytecode
+    assert "dropped []" in done.stdout, done.stdout + done.stderr[-2000:]
+    modules = next(line.split()[1:] for line in done.stdout.splitlines() if line.startswith("modules "))
+    assert modules == [os.path.join(copies[1], "pyspark", "__init__.pyc"),
+                       os.path.join(copies[0], "py4j", "__init__.pyc")]
