@@ -204,7 +204,7 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
             self.py_files = f"{self.py_files},{zipped}" if self.py_files else zipped
         if self.py_files and isinstance(self.conf, dict) and self.conf.get(PY_FILES):
             # --py-files replaces spark.submit.pyFiles: its files (the archive's compiled copies first) go ahead
-            self.conf = dict(self.conf)
+            # (self.conf is recommended_conf's own dictionary by now)
             self.py_files = f"{self.conf.pop(PY_FILES)},{self.py_files}"
         super().execute(context)
         output = str(self.output_path).rstrip("/")

@@ -155,12 +155,11 @@ def _spark_jars(submit: str, env: Mapping[str, str]) -> Path | None:
     return next((folder for folder in candidates if folder.is_dir()), None)
 
 
-def _unsigned_jars(archive: Path, submit: str, env: Mapping[str, str]) -> list[str]:
-    """Unsigned copies of the installation's signed jars in ``<archive>.jars/``, nothing else left there (no
-    folder when none is signed); returns their paths, in class-path order."""
+def _unsigned_jars(archive: Path, jars: Path | None) -> list[str]:
+    """Unsigned copies of the signed jars in the installation's ``jars`` folder in ``<archive>.jars/``, nothing
+    else left there (no folder when none is signed); returns their paths, in class-path order."""
     folder = Path(f"{archive}.jars")
     folder.mkdir(exist_ok=True)
-    jars = _spark_jars(submit, env)
     copied = {jar.name for jar in (sorted(jars.glob("*.jar")) if jars else []) if unsigned_copy(jar, folder / jar.name)}
     for stale in folder.glob("*.jar"):
         if stale.name not in copied:
@@ -225,8 +224,8 @@ def build_class_archive(
         raise RuntimeError("spark-submit not found: install pyspark or pass spark_submit")
     run_env = dict(os.environ if env is None else env)
     run_env.setdefault("PYSPARK_PYTHON", sys.executable)
-    jars = _unsigned_jars(target, submit, run_env)
     spark_jars = _spark_jars(submit, run_env)
+    jars = _unsigned_jars(target, spark_jars)
     if spark_jars is not None:  # the installation's python/lib is next to its jars (SPARK_HOME or pyspark's own)
         build_compiled_copies(spark_jars.parent / "python" / "lib", f"{target}.python")
     with tempfile.TemporaryDirectory(prefix="babelqueue-cds-") as work:
