@@ -18,7 +18,12 @@ archive (``spark/class_archive.py``; built under ``--work`` on first use, its bu
 operator does with ``class_archive=``; the smallest size also runs without it, the baseline of that saving.
 ``--no-class-archive`` measures everything without it.
 
-Run: ``.venv/bin/python benchmarks/bench_spark.py [--sizes 100000,1000000,3000000] [--conf KEY=VALUE ...]``.
+The machines this runs on change speed from one spell to the next, so ``--repeat N`` runs the triage + report and
+the copy N times at each size (interleaved: triage, copy, triage, copy ...); the table gives medians and ranges,
+and the closing lines say which goal each median meets.
+
+Run: ``.venv/bin/python benchmarks/bench_spark.py [--sizes 100000,1000000,3000000] [--repeat 3]
+[--conf KEY=VALUE ...]``.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -37,6 +43,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from generate_dead_letters import generate  # noqa: E402
+from machine import describe  # noqa: E402
 
 from airflow_provider_babelqueue.spark import job_path, recommended_conf  # noqa: E402
 from airflow_provider_babelqueue.spark.class_archive import build_class_archive  # noqa: E402
@@ -140,14 +147,50 @@ def run(script: str, args: list[str], conf: dict[str, str] | None = None) -> tup
     return elapsed, peak, summary
 
 
+#: The goals of the triage + report benchmark (issue: dead-letter triage on Spark).
+GOAL_SECONDS_1M, GOAL_PEAK_BYTES, GOAL_SCALING_3M = 30.0, 2 * 10**9, 3.3
+
+
+def _spread(values: list[float]) -> str:
+    """``median (min–max)`` of seconds, or the one value."""
+    median = statistics.median(values)
+    return f"{median:.1f}" if len(values) == 1 else f"{median:.1f} ({min(values):.1f}–{max(values):.1f})"
+
+
+def goal_lines(results: dict[int, dict]) -> list[str]:
+    """One line per goal the measured sizes can speak to, each saying met or not met and by what numbers.
+
+    :param results: per size, ``{"triage": [seconds...], "peak": bytes}``.
+    """
+    lines = []
+    peak = max(r["peak"] for r in results.values())
+    lines.append(f"peak RSS <= 2 GB at every size: {'met' if peak <= GOAL_PEAK_BYTES else 'NOT met'} "
+                 f"({peak / 1e9:.2f} GB, {peak / 2**30:.2f} GiB)")
+    if 1_000_000 in results:
+        times = results[1_000_000]["triage"]
+        median, under = statistics.median(times), sum(t <= GOAL_SECONDS_1M for t in times)
+        lines.append(f"1M <= 30 s: {'met' if median <= GOAL_SECONDS_1M else 'NOT met'} (median {median:.1f} s; "
+                     f"{under} of {len(times)} runs at or under 30 s)")
+        if 3_000_000 in results:
+            scaling = statistics.median(results[3_000_000]["triage"]) / median
+            lines.append(f"3M <= 3.3x the 1M time: {'met' if scaling <= GOAL_SCALING_3M else 'NOT met'} "
+                         f"({scaling:.2f}x, medians)")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="100000,1000000", help="comma-separated record counts")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs of triage + report and of the copy at each size (medians are reported)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/babelqueue-bench-spark"))
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="override one Spark setting (repeatable), e.g. --conf spark.driver.memory=768m")
     parser.add_argument("--no-class-archive", action="store_true", help="run the driver JVM without a class archive")
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be 1 or more")
+    print(describe(java=True), flush=True)
     overrides = dict(item.split("=", 1) for item in args.conf)
     plain = recommended_conf("local[2]", overrides)
     CONF.clear()
@@ -160,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  class archive built in {time.perf_counter() - started:.1f} s: {archive}", flush=True)
         CONF.update(recommended_conf("local[2]", overrides, class_archive=str(archive)))
     sizes = [int(size) for size in args.sizes.split(",")]
-    rows = []
+    results: dict[int, dict] = {}
     for n in sizes:
         data = args.work / f"in-{n}"
         if not (data / ".complete").exists():
@@ -169,37 +212,50 @@ def main(argv: list[str] | None = None) -> int:
             (data / ".complete").touch()
         mb = sum(p.stat().st_size for p in data.glob("*.jsonl")) / 1e6
         triage_dir, report_dir = args.work / f"triage-{n}", args.work / f"report-{n}"
-        # end to end in one application (triage --report-output), as the operator runs it with report_output
-        t_triage, rss_triage, summary = run(job_path("triage"), ["--input", str(data), "--output",
-                                                                 str(triage_dir), "--report-output", str(report_dir)])
+        triage_args = ["--input", str(data), "--output", str(triage_dir), "--report-output", str(report_dir)]
+        result = results[n] = {"mb": mb, "triage": [], "copy": [], "peak": 0}
+        for attempt in range(1, args.repeat + 1):
+            # end to end in one application (triage --report-output), as the operator runs it with report_output
+            t_triage, rss_triage, summary = run(job_path("triage"), triage_args)
+            # the floor: Spark reading the same records and writing them back, nothing of ours in between
+            t_copy, _, copied = run(COPY_SCRIPT, ["--input", str(data), "--output", str(args.work / f"copy-{n}")])
+            if copied["rows"] != summary["records"]:
+                raise SystemExit(f"the copy read {copied['rows']:,} records, triage {summary['records']:,}")
+            result["triage"].append(t_triage)
+            result["copy"].append(t_copy)
+            result["peak"] = max(result["peak"], rss_triage)
+            result["rows"] = summary["rows"]
+            cpu = summary["cpu"]
+            run_label = f" run {attempt}/{args.repeat}" if args.repeat > 1 else ""
+            print(f"  {n:>9,}{run_label}: triage+report {t_triage:5.1f} s (machine CPU: user {cpu['user']:.1f} s, "
+                  f"sys {cpu['sys']:.1f} s, I/O wait {cpu['iowait']:.1f} s, steal {cpu['steal']:.1f} s), Spark copy "
+                  f"{t_copy:5.1f} s ({t_triage / t_copy:.2f}× the copy), peak {rss_triage / 2**30:.2f} GiB, "
+                  f"{summary['rows']:,} rows ({summary['duplicates_removed']:,} duplicates)", flush=True)
         # the standalone report job on the same Parquet, for comparison
-        t_report, rss_report, _ = run(job_path("report"), ["--input", str(triage_dir), "--output",
-                                                           str(report_dir)])
-        # the floor: Spark reading the same records and writing them back, nothing of ours in between
-        t_copy, _, copied = run(COPY_SCRIPT, ["--input", str(data), "--output", str(args.work / f"copy-{n}")])
-        if copied["rows"] != summary["records"]:
-            raise SystemExit(f"the copy read {copied['rows']:,} records, triage {summary['records']:,}")
-        rows.append((n, mb, t_triage, t_report, rss_triage, rss_report, summary["rows"], t_copy))
+        result["report"], result["report_peak"], _ = run(job_path("report"), ["--input", str(triage_dir),
+                                                                              "--output", str(report_dir)])
+        print(f"  {n:>9,}: report alone {result['report']:5.1f} s, peak {result['report_peak'] / 2**30:.2f} GiB",
+              flush=True)
         if n == min(sizes) and CONF != plain:
-            t_plain, _, _ = run(job_path("triage"), ["--input", str(data), "--output", str(triage_dir),
-                                                     "--report-output", str(report_dir)], plain)
+            t_plain, _, _ = run(job_path("triage"), triage_args, plain)
+            t_triage = statistics.median(result["triage"])
             print(f"  {n:>9,}: triage+report without the class archive {t_plain:5.1f} s "
                   f"(the archive saves {t_plain - t_triage:.1f} s, {t_plain / t_triage:.2f}×)", flush=True)
-        cpu = summary["cpu"]
-        print(f"  {n:>9,}: triage+report {t_triage:5.1f} s (machine CPU: user {cpu['user']:.1f} s, sys "
-              f"{cpu['sys']:.1f} s, I/O wait {cpu['iowait']:.1f} s, steal {cpu['steal']:.1f} s), report alone "
-              f"{t_report:5.1f} s, Spark copy {t_copy:5.1f} s ({t_triage / t_copy:.2f}× the copy), "
-              f"peak {rss_triage / 2**30:.2f} / {rss_report / 2**30:.2f} GiB, "
-              f"{summary['rows']:,} rows ({summary['duplicates_removed']:,} duplicates)", flush=True)
-    print("\n| records | input MB | triage + report (one app) s | peak RSS GiB | report alone s | its peak GiB "
-          "| rows out | Spark copy s | vs copy | time vs previous |")
+    several = args.repeat > 1
+    print(f"\n| records | input MB | triage + report (one app) s{', median (range)' if several else ''} "
+          "| peak RSS GiB | report alone s | its peak GiB | rows out | Spark copy s | vs copy | time vs previous |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     previous = None
-    for n, mb, t1, t2, rss1, rss2, out_rows, t_copy in rows:
+    for n, r in results.items():
+        t1, t_copy = statistics.median(r["triage"]), statistics.median(r["copy"])
         ratio = f"{t1 / previous[1]:.2f}× for {n / previous[0]:.0f}× data" if previous else "—"
-        print(f"| {n:,} | {mb:.0f} | {t1:.1f} | {rss1 / 2**30:.2f} | {t2:.1f} | {rss2 / 2**30:.2f} | {out_rows:,} "
-              f"| {t_copy:.1f} | {t1 / t_copy:.2f}× | {ratio} |")
+        print(f"| {n:,} | {r['mb']:.0f} | {_spread(r['triage'])} | {r['peak'] / 2**30:.2f} | {r['report']:.1f} "
+              f"| {r['report_peak'] / 2**30:.2f} | {r['rows']:,} | {_spread(r['copy'])} | {t1 / t_copy:.2f}× "
+              f"| {ratio} |")
         previous = (n, t1)
+    print("\ngoals" + (f" (medians of {args.repeat} runs)" if several else "") + ":")
+    for line in goal_lines(results):
+        print(f"  {line}")
     return 0
 
 

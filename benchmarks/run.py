@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import platform
 import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from machine import describe  # noqa: E402
 
 
 def main() -> int:
-    print(f"machine: {platform.machine()}, {platform.processor() or 'cpu'}, python {platform.python_version()}")
+    print(describe(java=True))
     status = 0
     for script in sorted(HERE.glob("bench_*.py")):
         print(f"\n== {script.name}", flush=True)
