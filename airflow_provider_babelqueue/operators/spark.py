@@ -66,7 +66,8 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
 
     The jobs' recommended settings (``airflow_provider_babelqueue.spark.JOB_CONF``, plus ``LOCAL_CONF`` when the
     connection's master is ``local``/``local[N]``) are submitted too; any key given in ``conf`` replaces its
-    recommended value, so every one of them can be overridden.
+    recommended value, so every one of them can be overridden. In local mode the driver's heap starts at its
+    full size: ``driver_memory`` (or ``conf["spark.driver.memory"]``) sets both.
 
     :param job: ``"triage"``, ``"report"`` or ``"replay_set"``.
     :param input: input path(s): a path, a folder, a glob or any Hadoop-FS URL, or a list of them (templated;
@@ -197,7 +198,12 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
                           "airflow_provider_babelqueue.spark.class_archive %s` on this worker)", archive, archive)
         if self.conf is None or isinstance(self.conf, dict):
             # rendered by now: the recommended settings under the user's own, before the hook copies them
-            self.conf = recommended_conf(self._master(), self.conf, class_archive=archive)
+            mine = self.conf
+            if self._driver_memory:
+                # spark-submit's --driver-memory wins over spark.driver.memory, and the recommended initial heap
+                # (-Xms) must not exceed it
+                mine = {**(mine or {}), "spark.driver.memory": self._driver_memory}
+            self.conf = recommended_conf(self._master(), mine, class_archive=archive)
         self.application_args = self.job_args()
         if self.ship_package:
             zipped = package_zip()

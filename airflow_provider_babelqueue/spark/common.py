@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,12 +16,14 @@ from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
 __all__ = [
+    "LOCAL_CHECKSUMS",
     "base_parser",
     "get_spark",
     "print_summary",
     "join_url",
     "short_exception",
     "split_names",
+    "stop_spark",
     "write_text",
 ]
 
@@ -33,11 +36,42 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
+#: Our Spark setting: ``false`` stops this JVM's Hadoop local file system from writing a checksum file
+#: (``.NAME.crc``) beside every file it writes and from reading them back. ``LOCAL_CONF`` sets it for local
+#: masters, where the driver JVM runs every task; on a cluster it would reach the driver's own writes only.
+LOCAL_CHECKSUMS = "spark.babelqueue.localChecksums"
+
+
 def get_spark(app_name: str) -> SparkSession:
-    """The session ``spark-submit`` configured (master, memory, ...); nothing is forced here."""
+    """The session ``spark-submit`` configured (master, memory, ...); nothing is forced here, and
+    :data:`LOCAL_CHECKSUMS` is read from that configuration."""
     spark = SparkSession.builder.appName(app_name).getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    if spark.conf.get(LOCAL_CHECKSUMS, "true").strip().lower() == "false":
+        # Hadoop caches one local file system per JVM and user, and every task of a local master uses it
+        jvm = spark.sparkContext._jvm
+        local = jvm.org.apache.hadoop.fs.FileSystem.getLocal(spark.sparkContext._jsc.hadoopConfiguration())
+        local.setWriteChecksum(False)
+        local.setVerifyChecksum(False)
     return spark
+
+
+def stop_spark(spark: SparkSession) -> None:
+    """``spark.stop()``, without waiting for PySpark's accumulator server to stop.
+
+    That server's thread looks for a shutdown request every half second, and ``SparkContext.stop()`` waits
+    for it: 0–0.5 s at the end of every job, after all its work is done. Here the context stops first, then
+    the server stops on a daemon thread: a job's process exits at once, a longer-lived one loses nothing.
+    """
+    context = spark.sparkContext
+    server = getattr(context, "_accumulatorServer", None)
+    if server is not None:
+        context._accumulatorServer = None  # so spark.stop() leaves it to us
+    try:
+        spark.stop()
+    finally:
+        if server is not None:
+            threading.Thread(target=server.shutdown, name="babelqueue-accumulator-stop", daemon=True).start()
 
 
 def split_names(values: Sequence[str] | None) -> list[str] | None:

@@ -39,6 +39,7 @@ try:
         join_url,
         print_summary,
         split_names,
+        stop_spark,
         write_text,
     )
 except ImportError as exc:  # pragma: no cover - a cluster without the package on its Python path
@@ -156,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_summary(summary)
         return 0
     finally:
-        spark.stop()
+        stop_spark(spark)
 
 
 if __name__ == "__main__":

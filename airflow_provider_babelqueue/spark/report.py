@@ -27,7 +27,14 @@ from pyspark.sql import functions as F
 
 try:
     from airflow_provider_babelqueue.envelope import Reason
-    from airflow_provider_babelqueue.spark.common import base_parser, get_spark, join_url, print_summary, write_text
+    from airflow_provider_babelqueue.spark.common import (
+        base_parser,
+        get_spark,
+        join_url,
+        print_summary,
+        stop_spark,
+        write_text,
+    )
     from airflow_provider_babelqueue.spark.report_html import render_report
 except ImportError as exc:  # pragma: no cover - a cluster without the package on its Python path
     raise SystemExit(f"cannot import airflow_provider_babelqueue ({exc}); pass the package zip with --py-files "
@@ -175,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "report": join_url(args.output, "report.html")})
         return 0
     finally:
-        spark.stop()
+        stop_spark(spark)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ try:
         join_url,
         print_summary,
         short_exception,
+        stop_spark,
         write_text,
     )
 except ImportError as exc:  # pragma: no cover - a cluster without the package on its Python path
@@ -349,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_summary(summary)
         return 0
     finally:
-        spark.stop()
+        stop_spark(spark)
 
 
 if __name__ == "__main__":

@@ -79,6 +79,18 @@ def test_triage_writes_unique_valued_columns_plain_and_the_rest_with_dictionarie
                                                                    "native_reason"}
 
 
+def test_outputs_hold_no_checksum_files_under_the_local_settings(spark_run: SparkRun) -> None:
+    # LOCAL_CONF turns off Hadoop's local checksum files (spark.babelqueue.localChecksums=false): every folder
+    # the three jobs wrote holds its data and markers only (Hadoop's default adds a .NAME.crc per file)
+    folders = (spark_run.triage_dir, spark_run.combined_report_dir, spark_run.report_dir, spark_run.replay_dir)
+    written = [path for folder in folders for path in folder.rglob("*") if path.is_file()]
+    assert [path for path in written if path.name.endswith(".crc")] == []
+    names = {path.name for path in written}
+    assert {"_SUCCESS", "_triage_summary.json", "summary.json", "report.html", "_replay_summary.json"} <= names
+    # a Parquet file in every reason's folder (one task writes the same file name into each)
+    assert {path.parent.name for path in written if path.suffix == ".parquet"} >= {f"reason={r}" for r in BY_REASON}
+
+
 def test_triage_columns_are_exact(spark_run: SparkRun) -> None:
     rows = rows_by_name(spark_run)
     f1, f3, u1, s1 = rows["F1"], rows["F3"], rows["U1"], rows["S1"]

@@ -99,8 +99,13 @@ def test_operator_submits_the_recommended_conf_under_the_users_own(monkeypatch: 
                                   conf={"spark.driver.memory": "2g"}).execute(context={})
     BabelQueueSparkTriageOperator(task_id="y", job="report", input="i", output="o",
                                   conn_id="spark_yarn_conf").execute(context={})
-    assert submitted == [recommended_conf("local[2]", {"spark.driver.memory": "2g"}), JOB_CONF]
-    assert submitted[0]["spark.driver.memory"] == "2g"
+    # spark-submit's --driver-memory (the Spark operator's driver_memory) wins over spark.driver.memory
+    BabelQueueSparkTriageOperator(task_id="m", job="report", input="i", output="o", conn_id="spark_local_conf",
+                                  conf={"spark.driver.memory": "2g"}, driver_memory="768m").execute(context={})
+    assert submitted[:2] == [recommended_conf("local[2]", {"spark.driver.memory": "2g"}), JOB_CONF]
+    # the driver's heap starts at the memory that caps it, whichever way it was given
+    assert [(c["spark.driver.memory"], c["spark.driver.extraJavaOptions"].split()[0]) for c in submitted[::2]] == [
+        ("2g", "-Xms2g"), ("768m", "-Xms768m")]
 
 
 def test_operator_reads_the_workers_class_archive_unless_given_one(monkeypatch: pytest.MonkeyPatch,
