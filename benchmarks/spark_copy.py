@@ -14,7 +14,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from airflow_provider_babelqueue.spark.common import base_parser, get_spark
+from airflow_provider_babelqueue.spark.common import base_parser, get_spark, stop_spark
 from airflow_provider_babelqueue.spark.triage import read_records
 
 
@@ -28,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps({"job": "copy", "rows": rows}), flush=True)
         return 0
     finally:
-        spark.stop()
+        stop_spark(spark)
 
 
 if __name__ == "__main__":
