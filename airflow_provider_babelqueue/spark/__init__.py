@@ -69,6 +69,8 @@ LOCAL_CONF = {
 }
 
 
+#: The driver's JVM options and memory, the two settings recommended_conf keeps in step (and the class
+#: archive's options join the first).
 _JAVA, _MEMORY = "spark.driver.extraJavaOptions", "spark.driver.memory"
 _INITIAL_HEAP = re.compile(r"-Xms\S+")
 

@@ -41,6 +41,7 @@ import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from . import _JAVA
 from .bytecode import build_compiled_copies, compiled_copies
 
 __all__ = ["CLASS_ARCHIVE_ENV", "PY_FILES", "add_driver_conf", "archive_conf", "archive_jars", "archive_option",
@@ -50,7 +51,7 @@ __all__ = ["CLASS_ARCHIVE_ENV", "PY_FILES", "add_driver_conf", "archive_conf", "
 #: module's default output path.
 CLASS_ARCHIVE_ENV = "BABELQUEUE_SPARK_CLASS_ARCHIVE"
 
-_JAVA, _CLASSPATH = "spark.driver.extraJavaOptions", "spark.driver.extraClassPath"
+_CLASSPATH = "spark.driver.extraClassPath"
 #: The setting that puts Python files first on the driver's path (``--py-files``, which wins over it).
 PY_FILES = "spark.submit.pyFiles"
 
