@@ -8,7 +8,7 @@ demo:
 
 # The envelope core's verdicts on the public conformance fixtures (no Airflow, no broker).
 verdicts: bootstrap
-	.venv/bin/python -m airflow_provider_babelqueue.verdicts $(CONFORMANCE)
+	.venv/bin/python -m airflow_provider_babelqueue.core.verdicts $(CONFORMANCE)
 
 test:
 	bash .ci/test.sh

@@ -22,4 +22,4 @@ if ! airflow db migrate >"$DEMO/db-migrate.log" 2>&1; then
     tail -40 "$DEMO/db-migrate.log" >&2
     exit 1
 fi
-python -m airflow_provider_babelqueue.demo --output-root "$DEMO/runs"
+python -m tools.demo --output-root "$DEMO/runs"

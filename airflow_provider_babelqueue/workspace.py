@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .drain import safe_segment
+from .engine.drain.sinks import safe_segment
 
 __all__ = ["FOLDERS", "default_output_root", "read_json", "replay_batches", "run_workspace", "summary_table"]
 

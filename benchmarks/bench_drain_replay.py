@@ -35,8 +35,8 @@ import redis
 from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.bindings.base import Binding, ReceivedMessage, parse_body
 from airflow_provider_babelqueue.bindings.redis import RedisBinding, RedisConfig
-from airflow_provider_babelqueue.drain import DrainSource, LocalFileSink, drain_dead_letters
-from airflow_provider_babelqueue.replay import Replayer, feed_from_replay_set
+from airflow_provider_babelqueue.engine.drain import DrainSource, LocalFileSink, drain_dead_letters
+from airflow_provider_babelqueue.engine.replay import Replayer, feed_from_replay_set
 
 QUIET = logging.getLogger("bench.quiet")
 QUIET.setLevel(logging.WARNING)

@@ -85,7 +85,7 @@ def _body(rng: random.Random, index: int) -> tuple[bytes, str, str]:
 
 
 def record(rng: random.Random, body: bytes, queue: str, meta_id: str, drained_at: int) -> bytes:
-    """One drain record, same keys and order as ``airflow_provider_babelqueue.drain.drain_record``."""
+    """One drain record, same keys and order as ``airflow_provider_babelqueue.core.records.drain_record``."""
     try:
         text, encoding = body.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from airflow_provider_babelqueue import envelope as bq
-from airflow_provider_babelqueue.idempotency import Effect, IdempotencyGuard, InMemorySeenStore
-from airflow_provider_babelqueue.payload_schema import payload_errors
+from airflow_provider_babelqueue.core.idempotency import Effect, IdempotencyGuard, InMemorySeenStore
+from airflow_provider_babelqueue.core.payload_schema import payload_errors
 from tests.conftest import compact, conformance_manifest, fixture_bytes, fixture_dict
 
 MANIFEST = conformance_manifest()

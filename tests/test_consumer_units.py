@@ -7,7 +7,7 @@ import random
 import pytest
 
 from airflow_provider_babelqueue.bindings.memory import MemoryBinding
-from airflow_provider_babelqueue.consumer import Backoff, Consumer, exception_name
+from airflow_provider_babelqueue.engine.consume import Backoff, Consumer, exception_name
 
 
 def test_fixed_backoff() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from airflow_provider_babelqueue import verdicts
+from airflow_provider_babelqueue.core import verdicts
 from airflow_provider_babelqueue.get_provider_info import get_provider_info
 from tests.conftest import CONFORMANCE
 
@@ -30,15 +30,59 @@ FORBIDDEN_ROOTS = {
     "jsonschema",
 }
 DIST = "airflow-provider-babelqueue"
+ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("module", ["airflow_provider_babelqueue.envelope", "airflow_provider_babelqueue.idempotency"])
+PURE = ["airflow_provider_babelqueue.envelope", "airflow_provider_babelqueue.core.idempotency",
+        "airflow_provider_babelqueue.core.records", "airflow_provider_babelqueue.core.errors"]
+
+
+@pytest.mark.parametrize("module", PURE)
 def test_pure_modules_import_no_airflow_and_no_broker_client(module: str) -> None:
     code = f"import sys, {module}; print(sorted({{m.split('.')[0] for m in sys.modules}}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     loaded = set(json.loads(out.replace("'", '"')))
-    assert "orjson" in loaded or module.endswith("idempotency")
+    assert "orjson" in loaded or module.endswith(("idempotency", "errors"))
     assert not loaded & FORBIDDEN_ROOTS, f"{module} pulled in {sorted(loaded & FORBIDDEN_ROOTS)}"
+
+
+def _imports_of(path: Path) -> set[str]:
+    """The absolute names a module imports (relative imports resolved against its package)."""
+    import ast
+
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join([*base, node.module] if node.module else base)
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+#: What each layer may import from the package: imports point one way (docs/development.md).
+LAYERS = {
+    "core": {"core"},
+    "bindings": {"core", "bindings"},
+    "engine": {"core", "bindings", "engine"},
+    "spark": {"core", "spark"},
+}
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_layers_import_one_way(layer: str) -> None:
+    package = ROOT / "airflow_provider_babelqueue" / layer
+    wrong = {}
+    for path in sorted(package.rglob("*.py")):
+        inner = {name.split(".")[1] for name in _imports_of(path)
+                 if name.startswith("airflow_provider_babelqueue.") and name.count(".") >= 1}
+        outside = inner - LAYERS[layer] - {"__version__"}
+        if outside:
+            wrong[str(path.relative_to(ROOT))] = sorted(outside)
+    assert not wrong, f"{layer}/ imports from layers above it: {wrong}"
 
 
 def test_distribution_metadata() -> None:

@@ -27,19 +27,28 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .. import envelope as bq
-from ..exceptions import BabelQueueError, EnvelopeDecodeError, EnvelopeEncodeError
+from ..core import envelope as bq
+from ..core.errors import (
+    BindingError,
+    EnvelopeDecodeError,
+    EnvelopeEncodeError,
+    MissingExtraError,
+    NotSupportedError,
+    PublishBatchError,
+)
 
 if TYPE_CHECKING:
-    from ..idempotency import SeenStore
+    from ..core.idempotency import SeenStore
 
 __all__ = [
     "Binding",
     "BindingError",
+    "DeadLetterPipeline",
     "MissingExtraError",
     "NotSupportedError",
+    "PipelinedBatch",
     "PublishBatchError",
     "ReceivedMessage",
     "bumped_body",
@@ -51,29 +60,6 @@ __all__ = [
     "scrub_url_password",
     "url_password",
 ]
-
-
-class BindingError(BabelQueueError):
-    """A broker operation failed; the message says which queue and what to check."""
-
-
-class NotSupportedError(BindingError):
-    """The broker cannot do this (e.g. a non-destructive browse of its dead-letter queue)."""
-
-
-class MissingExtraError(BindingError, ImportError):
-    """The broker's client library is not installed; the message names the extra to install."""
-
-
-class PublishBatchError(BindingError):
-    """Part of a batch was not delivered.
-
-    :ivar failed: indexes (into the batch) of the bodies that were not delivered; everything else was.
-    """
-
-    def __init__(self, message: str, failed: Sequence[int]) -> None:
-        super().__init__(message)
-        self.failed = list(failed)
 
 
 def require_extra(module: str, extra: str) -> Any:
@@ -233,6 +219,59 @@ def dead_letter_body(
         return message.body
 
 
+class PipelinedBatch(Protocol):
+    """One reservation batch a :class:`DeadLetterPipeline` received: the stored bytes, built into messages only
+    when they must be released.
+
+    :ivar raws: the stored values, in reservation order.
+    :ivar requested: how many were asked for; fewer means the DLQ had no more ready at that moment.
+    """
+
+    raws: list[bytes]
+    requested: int
+
+    def __len__(self) -> int: ...
+
+    def messages(self, start: int, stop: int) -> Sequence[ReceivedMessage]:
+        """Reservations ``start``..``stop`` - 1 as messages (to release them)."""
+        ...
+
+
+class DeadLetterPipeline(Protocol):
+    """Typed optional capability: reservations and acks of one DLQ kept in flight on one connection, so a move
+    drain's broker work overlaps its writes (``engine/drain/pipelined``). A binding offers it through
+    :meth:`Binding.open_dead_letter_pipeline`; the guarantees are those of ``reserve_dead_letters`` and
+    ``ack_many`` (a batch reserved and not acked comes back after the visibility timeout).
+    """
+
+    binding: Binding
+
+    @property
+    def reservations_in_flight(self) -> int:
+        """Reservation requests sent whose batch :meth:`receive` has not returned yet."""
+        ...
+
+    def request(self, limit: int) -> int:
+        """Send the reservation of up to ``limit`` dead letters without waiting; returns how many were asked."""
+        ...
+
+    def receive(self) -> PipelinedBatch:
+        """The batch of the oldest reservation in flight (waits for its reply)."""
+        ...
+
+    def ack(self, batch: PipelinedBatch, start: int, stop: int) -> None:
+        """Send the ack of reservations ``start``..``stop`` - 1 of ``batch`` without waiting for its reply."""
+        ...
+
+    def finish(self) -> None:
+        """Read every reply still in flight, settle what the fast path refused, give the connection back."""
+        ...
+
+    def abort(self) -> list[ReceivedMessage]:
+        """After an error: read what can be read and return the reservations not acked, to release them."""
+        ...
+
+
 class Binding(abc.ABC):
     """Base class of every broker binding. Subclasses set :attr:`name` and implement the operations."""
 
@@ -326,10 +365,11 @@ class Binding(abc.ABC):
         delivery count). ``None``: not offered; the drain then browses :class:`ReceivedMessage` values."""
         return None
 
-    def open_dead_letter_pipeline(self, queue_name: str) -> Any:
-        """A pipeline that keeps a move drain's reservations and acks of ``queue_name``'s DLQ in flight while the
-        drain writes (Redis: ``RedisDeadLetterPipeline``), or ``None``: the drain then reserves with
-        :meth:`reserve_dead_letters` and acks with :meth:`ack_many`, one round trip each."""
+    def open_dead_letter_pipeline(self, queue_name: str) -> DeadLetterPipeline | None:
+        """Optional capability :class:`DeadLetterPipeline`: a pipeline that keeps a move drain's reservations and
+        acks of ``queue_name``'s DLQ in flight while the drain writes (Redis: ``RedisDeadLetterPipeline``), or
+        ``None``: the drain then reserves with :meth:`reserve_dead_letters` and acks with :meth:`ack_many`, one
+        round trip each."""
         return None
 
     def seen_store(self, name: str) -> SeenStore:

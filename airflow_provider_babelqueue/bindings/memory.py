@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..idempotency import InMemorySeenStore
+from ..core.idempotency import InMemorySeenStore
 from .base import Binding, ReceivedMessage, bumped_body, check_sizes, dead_letter_body, parse_body
 
 __all__ = ["MemoryBinding", "MemoryConfig"]

@@ -66,7 +66,7 @@ class BabelQueueAzureServiceBusHook(BabelQueueHook):
 
     def describe(self, connection: Connection) -> str:
         """The namespace host, never the connection string's key."""
-        from ..bindings._asb import AzureServiceBusConfig
+        from ..bindings.azure_service_bus import AzureServiceBusConfig
 
         if connection.host:
             return f"{connection.host} (DefaultAzureCredential)"

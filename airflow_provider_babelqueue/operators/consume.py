@@ -7,7 +7,8 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
-from ..consumer import (
+from ..core.errors import BabelQueueError
+from ..engine.consume import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_NESTING_DEPTH,
     Backoff,
@@ -15,7 +16,6 @@ from ..consumer import (
     UnknownUrnStrategy,
     check_limit,
 )
-from ..exceptions import BabelQueueError
 from ..hooks import DEFAULT_CONN_ID, get_hook
 
 __all__ = ["BabelQueueConsumeOperator", "DeadLettersProducedError", "resolve_handlers"]

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from airflow.sdk import BaseOperator, Context
 
 from ..bindings.base import NotSupportedError
-from ..drain import DrainSource, LocalFileSink, Sink, StreamSink, drain_dead_letters, file_name
+from ..engine.drain import DrainSource, LocalFileSink, Sink, StreamSink, drain_dead_letters, file_name
 from ..hooks import DEFAULT_CONN_ID, get_hook
 
 __all__ = ["BabelQueueDrainDeadLettersOperator"]

@@ -7,7 +7,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
-from .. import envelope as bq
+from ..core import envelope as bq
 from ..hooks import DEFAULT_CONN_ID, get_hook
 
 __all__ = ["BabelQueuePublishOperator"]

@@ -13,10 +13,9 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
-from .. import replay as engine
 from ..bindings.base import Binding
-from ..hooks import DEFAULT_CONN_ID, get_hook
-from ..replay import (
+from ..engine import replay as engine
+from ..engine.replay import (
     BYPASS_HEADER,
     FileList,
     Item,
@@ -25,12 +24,10 @@ from ..replay import (
     copy_digest,
     feed_from_browse,
     feed_from_dead_letters,
-    parse_flag,
-    parse_names,
-    parse_number,
     skip_part,
-    text_or_none,
 )
+from ..hooks import DEFAULT_CONN_ID, get_hook
+from ._params import parse_flag, parse_names, parse_number, text_or_none
 
 __all__ = ["BYPASS_HEADER", "BabelQueueReplayOperator", "Replayer", "Selection", "copy_digest", "iter_replay_set"]
 

@@ -13,7 +13,7 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue, conf
 
 from ..bindings.base import BindingError
-from ..checks import dead_letter_status, depth_status, validate_depth_args
+from ..engine.checks import dead_letter_status, depth_status, validate_depth_args
 from ..hooks import DEFAULT_CONN_ID, get_hook
 from ..triggers.queue import BabelQueueDeadLetterTrigger, BabelQueueDepthTrigger
 

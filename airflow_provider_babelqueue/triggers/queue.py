@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 from ..bindings.base import Binding
-from ..checks import dead_letter_status, depth_status, validate_depth_args
+from ..engine.checks import dead_letter_status, depth_status, validate_depth_args
 from ..hooks import DEFAULT_CONN_ID, get_hook
 
 __all__ = ["BabelQueueDeadLetterTrigger", "BabelQueueDepthTrigger"]

@@ -16,7 +16,7 @@ import pytest
 
 from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.bindings.base import Binding, NotSupportedError, ReceivedMessage
-from airflow_provider_babelqueue.idempotency import InMemorySeenStore, remember_many, seen_many
+from airflow_provider_babelqueue.core.idempotency import InMemorySeenStore, remember_many, seen_many
 from tests.bindings.conftest import Factory
 
 #: Bindings whose settle is gated on the reservation itself (a stale receipt matches nothing). SQS and RabbitMQ

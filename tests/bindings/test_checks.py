@@ -6,7 +6,7 @@ import pytest
 
 from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.bindings.base import Binding, NotSupportedError
-from airflow_provider_babelqueue.checks import compare, dead_letter_status, depth_status
+from airflow_provider_babelqueue.engine.checks import compare, dead_letter_status, depth_status
 
 
 def publish(binding: Binding, queue_name: str, urn: str = "urn:babel:orders:created", n: int = 1) -> None:

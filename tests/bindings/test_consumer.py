@@ -9,7 +9,7 @@ import pytest
 
 from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.bindings.base import Binding
-from airflow_provider_babelqueue.consumer import Backoff, Consumer, UnknownUrnStrategy
+from airflow_provider_babelqueue.engine.consume import Backoff, Consumer, UnknownUrnStrategy
 
 URN = "urn:babel:orders:created"
 NO_WAIT = Backoff("fixed", 0.0)

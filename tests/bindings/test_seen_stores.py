@@ -8,7 +8,7 @@ import pytest
 
 from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.bindings.base import Binding, NotSupportedError
-from airflow_provider_babelqueue.idempotency import Effect, IdempotencyGuard
+from airflow_provider_babelqueue.core.idempotency import Effect, IdempotencyGuard
 from tests.conftest import conformance_manifest
 
 SEQUENCES = conformance_manifest()["idempotency"]["sequences"]["cases"]

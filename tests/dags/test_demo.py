@@ -1,4 +1,4 @@
-"""``make demo``'s main job (``python -m airflow_provider_babelqueue.demo``) in a throwaway Airflow home.
+"""``make demo``'s main job (``python -m tools.demo``) in a throwaway Airflow home.
 
 It runs the triage DAG with ``airflow dags test`` in a subprocess, exactly as ``.ci/demo.sh`` does, then runs the
 seed again to show a re-run starts from an empty queue. The README's first section must show the summary the demo
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_babelqueue import demo
+from tools import demo
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,7 +46,7 @@ def test_demo_runs_the_triage_dag_and_reruns_from_scratch(tmp_path: Path) -> Non
         "PYSPARK_PYTHON": sys.executable,
     }
     runs = tmp_path / "runs"
-    command = [sys.executable, "-m", "airflow_provider_babelqueue.demo", "--output-root", str(runs)]
+    command = [sys.executable, "-m", "tools.demo", "--output-root", str(runs)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout

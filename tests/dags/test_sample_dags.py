@@ -3,7 +3,7 @@
 
 The dead letters come from the demo's seed: a real consumer whose handler fails for known orders, plus poison
 bodies, an unknown URN and an unsupported schema version, so every expected count below follows from
-``airflow_provider_babelqueue.demo``'s rules, not from the code under test.
+``tools.demo``'s rules, not from the code under test.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_babelqueue import demo
 from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.bindings.base import Binding
 from airflow_provider_babelqueue.hooks import get_hook
 from tests.airflow_harness import run_dag, task_states, xcom
 from tests.conftest import take_all
+from tools import demo
 
 ROOT = Path(__file__).resolve().parents[2]
 DAGS = ROOT / "dags"
@@ -151,7 +151,7 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
 
 
 def drained_bodies(records: list[dict[str, Any]]) -> list[bytes]:
-    from airflow_provider_babelqueue.drain import record_body
+    from airflow_provider_babelqueue.core.records import record_body
 
     return [record_body(record) for record in records]
 

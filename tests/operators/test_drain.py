@@ -21,19 +21,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_babelqueue import drain as drain_core
 from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.bindings.base import Binding, NotSupportedError, ReceivedMessage, parse_body
 from airflow_provider_babelqueue.bindings.memory import MemoryBinding
-from airflow_provider_babelqueue.drain import (
-    DrainSource,
-    LocalFileSink,
-    StreamSink,
-    drain_dead_letters,
-    drain_record,
-    parse_replay_line,
-    record_body,
-)
+from airflow_provider_babelqueue.core import records
+from airflow_provider_babelqueue.core.records import drain_record, parse_replay_line, record_body
+from airflow_provider_babelqueue.engine.drain import DrainSource, LocalFileSink, StreamSink, drain_dead_letters
 from airflow_provider_babelqueue.operators import drain as drain_module
 from airflow_provider_babelqueue.operators.drain import BabelQueueDrainDeadLettersOperator
 
@@ -219,7 +212,7 @@ def reference(message: ReceivedMessage, drained_at: int = 1749132730123) -> byte
                         drained_at=drained_at)
 
 
-TEMPLATE = drain_core._RecordTemplate(broker="redis", queue_name="orders", dead_letter_queue="orders:failed",
+TEMPLATE = records.RecordTemplate(broker="redis", queue_name="orders", dead_letter_queue="orders:failed",
                                       source_conn_id="bq_redis")
 
 

@@ -23,12 +23,12 @@ from airflow.sdk import DAG
 from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.bindings.base import Binding, PublishBatchError, ReceivedMessage
 from airflow_provider_babelqueue.bindings.memory import MemoryBinding
-from airflow_provider_babelqueue.drain import drain_record, record_body
+from airflow_provider_babelqueue.core.records import drain_record, record_body
+from airflow_provider_babelqueue.engine.replay import copy_digest
 from airflow_provider_babelqueue.hooks import get_hook
 from airflow_provider_babelqueue.operators import replay as replay_module
 from airflow_provider_babelqueue.operators.drain import BabelQueueDrainDeadLettersOperator
 from airflow_provider_babelqueue.operators.replay import BabelQueueReplayOperator
-from airflow_provider_babelqueue.replay import copy_digest
 from tests.airflow_harness import run_dag, task_states, xcom
 from tests.operators.test_drain import POISON, NoBrowseBinding, dead_letter, envelope_body, read_records, use_bindings
 
@@ -525,7 +525,8 @@ def test_max_messages_never_reserves_past_the_bound(monkeypatch: pytest.MonkeyPa
 
 
 def test_the_engine_module_imports_no_airflow_and_no_broker_client() -> None:
-    code = "import sys, airflow_provider_babelqueue.replay; print(sorted({m.split('.')[0] for m in sys.modules}))"
+    code = ("import sys, airflow_provider_babelqueue.engine.replay; "
+            "print(sorted({m.split('.')[0] for m in sys.modules}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     loaded = set(json.loads(out.replace("'", '"')))
     forbidden = {"airflow", "redis", "pika", "boto3", "botocore", "sqlalchemy", "psycopg2", "pyspark", "jsonschema"}

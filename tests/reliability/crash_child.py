@@ -23,9 +23,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_babelqueue import replay as replay_engine
 from airflow_provider_babelqueue.bindings.base import Binding
-from airflow_provider_babelqueue.drain import DrainSource, LocalFileSink, drain_dead_letters
+from airflow_provider_babelqueue.engine import replay as replay_engine
+from airflow_provider_babelqueue.engine.drain import DrainSource, LocalFileSink, drain_dead_letters
 
 
 def make_binding(spec: dict[str, Any]) -> Binding:
@@ -91,7 +91,7 @@ def main(spec: dict[str, Any]) -> int:
     else:
         owners = {"binding": binding, "sink": sink, "engine": replay_engine}
         if pipelined:  # the drain reserves and acks through the pipeline's methods (armed on its class)
-            from airflow_provider_babelqueue.bindings._redis_drain import RedisDeadLetterPipeline
+            from airflow_provider_babelqueue.bindings.redis.pipeline import RedisDeadLetterPipeline
 
             owners["pipeline"] = RedisDeadLetterPipeline
         arm(owners[kill["owner"]], kill["method"], kill["nth"], kill["when"])
@@ -129,7 +129,8 @@ _CONTEXT = multiprocessing.get_context("forkserver")
 _CONTEXT.set_forkserver_preload([__name__, "airflow_provider_babelqueue.bindings.redis",
                                  "airflow_provider_babelqueue.bindings.rabbitmq",
                                  "airflow_provider_babelqueue.bindings.sql",
-                                 "airflow_provider_babelqueue.bindings.stores"])
+                                 "airflow_provider_babelqueue.bindings.sql.stores",
+                                 "airflow_provider_babelqueue.bindings.redis.stores"])
 
 
 def start(spec: dict[str, Any], error_file: Path, timeout: float = 120) -> tuple[int, str]:

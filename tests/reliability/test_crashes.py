@@ -30,10 +30,11 @@ from typing import Any
 import pytest
 
 from airflow_provider_babelqueue import envelope as bq
-from airflow_provider_babelqueue import replay as replay_engine
 from airflow_provider_babelqueue.bindings.base import Binding
 from airflow_provider_babelqueue.bindings.sql import sqlite_url
-from airflow_provider_babelqueue.drain import DrainSource, LocalFileSink, drain_dead_letters, record_body
+from airflow_provider_babelqueue.core.records import record_body
+from airflow_provider_babelqueue.engine import replay as replay_engine
+from airflow_provider_babelqueue.engine.drain import DrainSource, LocalFileSink, drain_dead_letters
 from tests.conftest import take_all
 from tests.reliability.crash_child import make_binding, start
 

@@ -3,8 +3,9 @@
 Property-based (hypothesis) runs push raw bodies (arbitrary bytes, near-JSON, truncated JSON, invalid UTF-8,
 huge numbers, NaN literals, duplicate keys, deep nesting, oversized bodies) and envelopes (valid ones and
 mutations: missing fields, wrong types, other schema versions, unknown keys) through
-:class:`~airflow_provider_babelqueue.consumer.Consumer` on SQLite (the SQL binding) and on the real Redis at
-127.0.0.1:6379, then drain the dead-letter queue into a :class:`~airflow_provider_babelqueue.drain.LocalFileSink`.
+:class:`~airflow_provider_babelqueue.engine.consume.Consumer` on SQLite (the SQL binding) and on the real Redis at
+127.0.0.1:6379, then drain the dead-letter queue into a
+:class:`~airflow_provider_babelqueue.engine.drain.LocalFileSink`.
 Each example checks that
 
 * the consumer never raises, and every message ends handled or dead-lettered with a reason from ``Reason``;
@@ -36,7 +37,8 @@ from hypothesis import strategies as st
 
 from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.bindings.base import Binding, ReceivedMessage, parse_body
-from airflow_provider_babelqueue.consumer import (
+from airflow_provider_babelqueue.core.records import record_body
+from airflow_provider_babelqueue.engine.consume import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_NESTING_DEPTH,
     Backoff,
@@ -45,7 +47,7 @@ from airflow_provider_babelqueue.consumer import (
     body_limit_error,
     nesting_depth,
 )
-from airflow_provider_babelqueue.drain import DrainSource, LocalFileSink, drain_dead_letters, record_body
+from airflow_provider_babelqueue.engine.drain import DrainSource, LocalFileSink, drain_dead_letters
 from tests.strategies import DATA, JSON, TEXT, envelopes
 
 OK_URN = "urn:babel:fuzz:ok"

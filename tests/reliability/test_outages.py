@@ -151,7 +151,7 @@ def _consume_through_an_outage(binding: Binding, queue: str, kill: Callable[[], 
     """A consumer with an idempotency store meets a broker killed in the middle of its run (right after the
     ``kill_at``-th handler call, before that message's ack) and restarted from another thread."""
     from airflow_provider_babelqueue.bindings.sql import SqlBinding, SqlConfig, sqlite_url
-    from airflow_provider_babelqueue.consumer import Consumer
+    from airflow_provider_babelqueue.engine.consume import Consumer
 
     bodies = bodies_for(queue, count)
     binding.publish_batch(bodies, queue)

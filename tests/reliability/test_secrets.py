@@ -424,9 +424,8 @@ def test_connection_secrets(spec: dict[str, str], expected: list[str]) -> None:
 
 def test_binding_errors_redact_a_password_inside_an_endpoint_url() -> None:
     """The bindings themselves (no Airflow masker involved) never repeat a URL's userinfo password."""
-    from airflow_provider_babelqueue.bindings._pulsar import PulsarConfig
     from airflow_provider_babelqueue.bindings.base import BindingError, redact_url, scrub_url_password
-    from airflow_provider_babelqueue.bindings.pulsar import PulsarBinding
+    from airflow_provider_babelqueue.bindings.pulsar import PulsarBinding, PulsarConfig
     from airflow_provider_babelqueue.bindings.sqs import SqsBinding, SqsConfig
     from tests.conftest import free_port
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_babelqueue import envelope as bq
+from airflow_provider_babelqueue.core import envelope as bq
 from airflow_provider_babelqueue.bindings.base import ReceivedMessage
-from airflow_provider_babelqueue.drain import drain_record
+from airflow_provider_babelqueue.core.records import drain_record
 
 CREATED = 1_749_132_000_000  # 2025-06-05 14:00:00 UTC
 DRAINED = 1_749_139_200_000  # 2 hours later

@@ -1,0 +1,51 @@
+"""Apache Pulsar: topics, properties and attempts (wire) and the binding."""
+
+from __future__ import annotations
+
+from .binding import (
+    PulsarBinding,
+)
+from .wire import (
+    CLIENT_HINTS,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    MIRROR,
+    PROJECTED,
+    Hold,
+    PulsarConfig,
+    Receipt,
+    dead_letter_topic,
+    delay_millis,
+    message_key,
+    message_properties,
+    outgoing_properties,
+    partition_key,
+    property_attempts,
+    ready_count,
+    received,
+    reconcile_attempts,
+    stats_path,
+    topic_name,
+)
+
+__all__ = [
+    "CLIENT_HINTS",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "Hold",
+    "MIRROR",
+    "PROJECTED",
+    "PulsarBinding",
+    "PulsarConfig",
+    "Receipt",
+    "dead_letter_topic",
+    "delay_millis",
+    "message_key",
+    "message_properties",
+    "outgoing_properties",
+    "partition_key",
+    "property_attempts",
+    "ready_count",
+    "received",
+    "reconcile_attempts",
+    "stats_path",
+    "topic_name",
+]

@@ -1,0 +1,522 @@
+"""Redis binding: the reliable-queue list pattern, in the official SDKs' legacy key layout.
+
+Keys of queue ``q`` (``P`` = :attr:`RedisConfig.key_prefix`, empty by default as in the SDKs): ready list
+``Pq`` (RPUSH of the envelope bytes, no wrapping); ``Pq:processing`` (reserved elements, moved by
+LMOVE/BLMOVE so a crash before the ack loses nothing); ``Pq:processing:deadlines`` (one member
+``<32-hex token>:<raw value>`` per reservation, score = deadline: the SDK's format, so either side's sweep
+returns the other's abandoned reservations and a settle touches only its own); ``Pq:delayed`` (members
+``<token>:<raw>``, score = due time; other SDKs never see them early); DLQ ``Pq<dead_letter_suffix>``,
+with its own ``:processing`` list and deadline set for drains.
+
+Scores are fractional epoch seconds from the server's ``TIME``, read inside Lua, so worker clock skew cannot
+expire a reservation early (the SDK uses its own clock, in whole seconds). Every multi-key step is one Lua
+script, except a blocking reserve: BLMOVE waits, then a script registers the deadline. An element left
+without a member by a consumer that died in that gap is *adopted* (all-zero token, due one visibility timeout
+later) by the next maintenance pass, and swept back like any other. A queue's keys must share one node
+(Redis Cluster only with a hash tag such as ``{orders}``). Needs Redis >= 6.2.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from ..base import (
+    Binding,
+    BindingError,
+    PublishBatchError,
+    ReceivedMessage,
+    bumped_body,
+    check_sizes,
+    dead_letter_body,
+    parse_body,
+    require_extra,
+)
+from .scripts import ACK_HEAD, CLAIM, RESERVE, RESERVE_MANY, SETTLE, SETTLE_MANY, SWEEP_BATCH
+
+__all__ = ["DeadLetterBatch", "RedisBinding", "RedisConfig"]
+
+if TYPE_CHECKING:
+    from ...core.idempotency import SeenStore
+    from .pipeline import RedisDeadLetterPipeline
+    from .stores import RedisSeenStore
+
+logger = logging.getLogger(__name__)
+
+#: Longest single BLMOVE wait: maintenance (due delayed items, expired reservations) runs at least this often.
+_BLOCK_SLICE = 1.0
+#: Bodies per RPUSH in publish_batch.
+_CHUNK = 1000
+
+#: Reservations per RESERVE_MANY / SETTLE_MANY call (bounds one script's run time and memory).
+MANY_CHUNK = 2000
+
+_URL_PARAMS: dict[str, Any] = {
+    "db": int, "ssl_ca_certs": str, "key_prefix": str, "dead_letter_suffix": str, "visibility_timeout": float,
+    "socket_timeout": lambda text: None if text.lower() in ("", "none", "null") else float(text),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RedisConfig:
+    """Where the Redis server is and how queues map onto its keys.
+
+    :param host: server host (and ``port``); named in errors so a failing worker says where it tried.
+    :param db: logical database; every SDK sharing the queues must use the same one.
+    :param username: ACL user (Redis 6+); ``None`` for the default user.
+    :param password: never printed: excluded from ``repr`` and from every error message.
+    :param ssl: use TLS (``rediss://``), as managed Redis services require.
+    :param ssl_ca_certs: CA bundle for a server certificate the system store does not trust.
+    :param key_prefix: prepended to every key, to isolate environments sharing one server. Keep it empty to
+        share queues with the official SDKs' legacy layout, which uses bare queue names.
+    :param dead_letter_suffix: the DLQ list is ``<prefix><queue><suffix>``; ``".dlq"`` shares dead letters
+        with official SDK apps.
+    :param visibility_timeout: seconds a reservation may stay unsettled before it is delivered again; it must
+        exceed the longest handler run, or a slow message is processed twice.
+    :param socket_timeout: seconds to wait for a reply, so a half-open connection cannot hang a worker.
+    :param max_message_bytes: larger bodies are refused before anything is sent; the default is Redis's
+        ``proto-max-bulk-len`` (512 MiB), the largest string a server accepts unless reconfigured.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 6379
+    db: int = 0
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    ssl: bool = False
+    ssl_ca_certs: str | None = None
+    key_prefix: str = ""
+    dead_letter_suffix: str = ":failed"
+    visibility_timeout: float = 300.0
+    socket_timeout: float | None = 10.0
+    max_message_bytes: int = 512 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.max_message_bytes, int) and self.max_message_bytes >= 1):
+            raise ValueError(f"max_message_bytes must be a positive whole number, got {self.max_message_bytes!r}")
+        if not (math.isfinite(self.visibility_timeout) and self.visibility_timeout > 0):
+            raise ValueError(f"visibility_timeout must be a positive number of seconds, got {self.visibility_timeout}")
+        if not self.dead_letter_suffix:
+            raise ValueError("dead_letter_suffix must not be empty: the DLQ would be the queue itself")
+
+    @classmethod
+    def from_url(cls, url: str, **overrides: Any) -> RedisConfig:
+        """A config from ``redis[s]://[user:password@]host[:port][/db][?key_prefix=...&...]``.
+
+        :param url: ``rediss://`` turns TLS on. Query parameters may set ``db``, ``ssl_ca_certs``,
+            ``key_prefix``, ``dead_letter_suffix``, ``visibility_timeout`` and ``socket_timeout``; unknown ones
+            are rejected so a typo does not silently fall back to a default.
+        :param overrides: field values that win over the URL (e.g. an Airflow connection's extras).
+        """
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss"):
+            raise ValueError(f"expected a redis:// or rediss:// URL, got scheme {parts.scheme!r}")
+        values: dict[str, Any] = {"host": parts.hostname or "127.0.0.1", "port": parts.port or 6379,
+                                  "ssl": parts.scheme == "rediss"}
+        if parts.username:
+            values["username"] = unquote(parts.username)
+        if parts.password:
+            values["password"] = unquote(parts.password)
+        if parts.path.strip("/"):
+            values["db"] = int(parts.path.strip("/"))
+        for key, items in parse_qs(parts.query, keep_blank_values=True).items():
+            if key not in _URL_PARAMS:
+                raise ValueError(f"unknown Redis URL parameter {key!r}; known: {', '.join(sorted(_URL_PARAMS))}")
+            values[key] = _URL_PARAMS[key](items[-1])
+        return cls(**{**values, **overrides})
+
+
+class _Receipt(NamedTuple):
+    """One reservation: its token and the exact stored value, so a settle removes exactly it. (A tuple: a
+    batch reservation makes thousands, and a tuple is the cheapest immutable record to build.)"""
+
+    token: str
+    raw: bytes
+    processing: str
+
+
+#: ``%08x`` of 0..MANY_CHUNK: the index part of a batch reservation's token (see DeadLetterBatch.tokens).
+_HEX_INDEXES = tuple(f"{index:08x}" for index in range(MANY_CHUNK + 1))
+
+
+class DeadLetterBatch:
+    """The dead letters one ``RESERVE_MANY`` call reserved, kept as the raw values the server returned.
+
+    A drain needs only the bytes (its record carries the body verbatim) and a way to ack them: building a
+    :class:`ReceivedMessage` (and decoding its envelope) per dead letter cost more than the rest of the drain,
+    so messages are built only on demand, to release them. Reservation ``i`` (0-based) holds the token
+    ``<stem><i + 1 as 8 hex>``, as the binding acks them.
+
+    :ivar raws: the stored values, in reservation order.
+    :ivar requested: how many were asked for; fewer means the DLQ had no more ready at that moment.
+    """
+
+    __slots__ = ("binding", "queue_name", "processing", "stem", "raws", "requested")
+
+    def __init__(self, binding: RedisBinding, queue_name: str, processing: str, stem: str, raws: list[bytes],
+                 requested: int) -> None:
+        self.binding, self.queue_name, self.processing = binding, queue_name, processing
+        self.stem, self.raws, self.requested = stem, raws, requested
+
+    def __len__(self) -> int:
+        return len(self.raws)
+
+    def tokens(self, start: int, stop: int) -> str:
+        """The 32-character tokens of reservations ``start``..``stop`` - 1, concatenated (an ack's argument):
+        the stem joined with the precomputed 8-hex indexes, one C-level join instead of a format per token."""
+        if stop <= start:
+            return ""
+        return self.stem + self.stem.join(_HEX_INDEXES[start + 1:stop + 1])
+
+    def receipts(self, start: int, stop: int) -> list[_Receipt]:
+        stem, raws, processing = self.stem, self.raws, self.processing
+        return [_Receipt(f"{stem}{index + 1:08x}", raws[index], processing) for index in range(start, stop)]
+
+    def messages(self, start: int = 0, stop: int | None = None) -> list[ReceivedMessage]:
+        """Reservations ``start``..``stop`` - 1 as messages the binding can ack or release one by one."""
+        receipts = self.receipts(start, len(self.raws) if stop is None else stop)
+        return [self.binding._parsed(receipt.raw, self.queue_name, True, receipt) for receipt in receipts]
+
+
+def as_bytes(raws: list[Any]) -> list[bytes]:
+    """A script's reply values as bytes, in place (a client with ``decode_responses`` gives ``str``)."""
+    for index, raw in enumerate(raws):
+        if raw.__class__ is not bytes:
+            raws[index] = raw.encode("utf-8", "surrogateescape") if isinstance(raw, str) else bytes(raw)
+    return raws
+
+
+class RedisBinding(Binding):
+    """Queues as Redis lists in the official SDKs' legacy layout (see the module docstring)."""
+
+    name = "redis"
+    can_browse = True
+    carries_headers = False
+
+    def __init__(self, config: RedisConfig, client: Any = None) -> None:
+        """:param config: server and key layout.
+        :param client: a ready ``redis.Redis`` (the test seam, or to share a pool); it must return bytes
+            (``decode_responses=False``) so bodies stay byte-exact. :meth:`close` leaves it open.
+        """
+        self.config = config
+        self._redis = require_extra("redis", "redis")
+        self._owns_client = client is None
+        if client is None:  # building a client does not connect; the first command does
+            backoff = self._redis.backoff.ExponentialWithJitterBackoff(base=0.05, cap=1.0)
+            client = self._redis.Redis(
+                host=config.host, port=config.port, db=config.db, username=config.username,
+                password=config.password, ssl=config.ssl, ssl_ca_certs=config.ssl_ca_certs,
+                socket_timeout=config.socket_timeout, socket_connect_timeout=config.socket_timeout,
+                # A few quick retries ride out a blip; every script is safe to repeat (at-least-once).
+                retry=self._redis.retry.Retry(backoff, 3),
+            )
+        self.client = client
+        self._reserve_script = client.register_script(RESERVE)
+        self._claim_script = client.register_script(CLAIM)
+        self._settle_script = client.register_script(SETTLE)
+        self._reserve_many_script = client.register_script(RESERVE_MANY)
+        self._settle_many_script = client.register_script(SETTLE_MANY)
+        self._ack_head_script = client.register_script(ACK_HEAD)
+
+    def _key(self, queue_name: str) -> str:
+        return f"{self.config.key_prefix}{queue_name}"
+
+    def dead_letter_name(self, queue_name: str) -> str:
+        return f"{self.config.key_prefix}{queue_name}{self.config.dead_letter_suffix}"
+
+    @staticmethod
+    def _keys(source: str, dead: bool) -> list[str]:
+        """A list's script keys: itself, its processing list, deadline set and (not for a DLQ) delayed set."""
+        keys = [source, f"{source}:processing", f"{source}:processing:deadlines", f"{source}:delayed"]
+        return keys[:3] if dead else keys
+
+    @contextmanager
+    def _guard(self, action: str, key: str) -> Iterator[None]:
+        """Turn a redis-py error into a :class:`BindingError` that says where and what to check."""
+        try:
+            yield
+        except self._redis.exceptions.RedisError as exc:
+            errors, text = self._redis.exceptions, str(exc)
+            if self.config.password:
+                text = text.replace(self.config.password, "***")
+            if isinstance(exc, errors.AuthenticationError) or "NOAUTH" in text or "WRONGPASS" in text:
+                hint = "authentication failed; check the username and password"
+            elif isinstance(exc, errors.ConnectionError | errors.TimeoutError):
+                hint = (f"cannot reach the server; check that Redis runs there, that the port is reachable from "
+                        f"this worker and that TLS is {'on' if self.config.ssl else 'off'} on the server too")
+            elif "WRONGTYPE" in text:
+                hint = "a key of this queue holds another data type; use another queue name or key_prefix"
+            else:
+                hint = "the server refused the command (needs Redis >= 6.2; an ACL user needs list/zset/script rights)"
+            where = f"{self.config.host}:{self.config.port}/{self.config.db}"
+            message = f"Redis {where}: {action} on {key!r} failed: {hint} ({type(exc).__name__}: {text})"
+            raise BindingError(message) from exc
+
+    @staticmethod
+    def _parsed(raw: bytes, queue_name: str, dead: bool, receipt: _Receipt | None = None) -> ReceivedMessage:
+        envelope, error, attempts = parse_body(raw)
+        return ReceivedMessage(
+            body=raw, queue_name=queue_name, envelope=envelope, decode_error=error, attempts=attempts,
+            delivery_count=None, headers={}, receipt=receipt, from_dead_letter=dead,
+        )
+
+    def _length(self, source: str, dead: bool) -> int:
+        with self._guard("count", source):  # the reserve script's maintenance, then LLEN
+            args = [repr(float(self.config.visibility_timeout)), "", SWEEP_BATCH]
+            return int(self._reserve_script(keys=self._keys(source, dead), args=args))
+
+    def _take(self, queue_name: str, source: str, timeout: float, dead: bool) -> ReceivedMessage | None:
+        """Maintain + LMOVE in one script; when empty and ``timeout`` > 0, wait in BLMOVE slices (so due
+        delayed items and expired reservations still move while every consumer waits), then claim."""
+        keys, vt = self._keys(source, dead), repr(float(self.config.visibility_timeout))
+        slice_cap = min(_BLOCK_SLICE, self.config.socket_timeout / 2) if self.config.socket_timeout else _BLOCK_SLICE
+        end = time.monotonic() + max(timeout, 0)
+        with self._guard("reserve", source):
+            while True:
+                token = secrets.token_hex(16)
+                raw = self._reserve_script(keys=keys, args=[vt, token, SWEEP_BATCH])
+                if raw is None:
+                    if (remaining := end - time.monotonic()) < 0.01:
+                        return None
+                    raw = self.client.blmove(source, keys[1], min(remaining, slice_cap), "LEFT", "RIGHT")
+                    if raw is None or not self._claim_script(keys=keys[1:3], args=[token, raw, vt]):
+                        continue  # nothing yet, or reclaimed between BLMOVE and the claim (back on the ready list)
+                raw = raw.encode("utf-8", "surrogateescape") if isinstance(raw, str) else bytes(raw)
+                return self._parsed(raw, queue_name, dead, _Receipt(token, raw, keys[1]))
+
+    def _settle(self, message: ReceivedMessage, target: str | None, body: bytes = b"", delay: float = 0) -> None:
+        receipt = message.receipt
+        if not isinstance(receipt, _Receipt):
+            raise BindingError(f"this message was not reserved by a Redis binding (receipt {receipt!r})")
+        keys = [receipt.processing, f"{receipt.processing}:deadlines"] + ([target] if target else [])
+        args = [receipt.token, receipt.raw, body, repr(float(max(delay, 0))), secrets.token_hex(16)]
+        with self._guard("settle a reservation", receipt.processing):
+            done = self._settle_script(keys=keys, args=args)
+        if not done:
+            logger.warning("Redis reservation in %r is gone (settled already, or expired and requeued for another "
+                           "delivery); nothing was changed", receipt.processing)
+
+    def _settle_many(self, groups: dict[tuple[str, str | None, float], list[tuple[_Receipt, bytes]]],
+                     action: str) -> None:
+        """Settle reservations grouped by (processing list, target, delay): one script call per chunk of a group,
+        with the tokens, raw values and bodies packed into a few arguments (see ``SETTLE_MANY``)."""
+        gone = 0
+        for (processing, target, delay), items in groups.items():
+            keys = [processing, f"{processing}:deadlines"] + ([target] if target else [])
+            for start in range(0, len(items), MANY_CHUNK):
+                chunk = items[start:start + MANY_CHUNK]
+                raws = [receipt.raw for receipt, _ in chunk]
+                args: list[Any] = [repr(float(delay)), "".join(receipt.token for receipt, _ in chunk),
+                                   ",".join(map(str, map(len, raws))), b"".join(raws), "", b""]
+                if target:
+                    bodies = [body for _, body in chunk]
+                    args[4:] = [",".join(map(str, map(len, bodies))), b"".join(bodies)]
+                with self._guard(action, processing):
+                    done = int(self._settle_many_script(keys=keys, args=args))
+                gone += len(chunk) - done
+        if gone:
+            logger.warning("%d Redis reservations were gone (settled already, or expired and requeued for another "
+                           "delivery); nothing was changed for them", gone)
+
+    @staticmethod
+    def _receipt_of(message: ReceivedMessage) -> _Receipt:
+        receipt = message.receipt
+        if not isinstance(receipt, _Receipt):
+            raise BindingError(f"this message was not reserved by a Redis binding (receipt {receipt!r})")
+        return receipt
+
+    def publish(
+        self, body: bytes, queue_name: str, *, headers: Mapping[str, Any] | None = None, delay: float = 0
+    ) -> None:
+        """:param headers: ignored: a Redis list element is the bare envelope, with nowhere to put headers.
+        :param delay: seconds before the body reaches the ready list; until then it waits in ``:delayed``."""
+        key = self._key(queue_name)
+        check_sizes([body], self.config.max_message_bytes, f"Redis list {key!r}", "Redis's proto-max-bulk-len")
+        with self._guard("publish", key):
+            if delay > 0:
+                args = ["", "", bytes(body), repr(float(delay)), secrets.token_hex(16)]
+                self._settle_script(keys=[*self._keys(key, dead=True)[1:], f"{key}:delayed"], args=args)
+            else:
+                self.client.rpush(key, bytes(body))
+
+    def publish_batch(self, bodies: Sequence[bytes], queue_name: str) -> None:
+        """One variadic RPUSH per chunk of 1000: one round trip each, and a chunk lands whole or not at all.
+        On a failure every body from the failing chunk on is reported as not delivered (a chunk whose reply
+        was lost may still have landed: at-least-once)."""
+        key = self._key(queue_name)
+        check_sizes(bodies, self.config.max_message_bytes, f"Redis list {key!r}", "Redis's proto-max-bulk-len")
+        for start in range(0, len(bodies), _CHUNK):
+            try:
+                with self._guard("publish a batch", key):
+                    self.client.rpush(key, *(bytes(b) for b in bodies[start:start + _CHUNK]))
+            except BindingError as exc:
+                raise PublishBatchError(f"{exc}; {start} of {len(bodies)} bodies were delivered",
+                                        range(start, len(bodies))) from exc
+
+    def publish_remembering(self, bodies: Sequence[bytes], queue_name: str,
+                            marks: Sequence[tuple[SeenStore, Sequence[str]]]) -> bool:
+        """The RPUSHes and the marks' SADDs in one MULTI/EXEC transaction, when every store is a seen set of this
+        binding (see :meth:`Binding.publish_remembering`). A connection lost before EXEC applies nothing; after
+        it, everything (a lost reply then reports a failure for a batch that landed with its marks, which a
+        re-run recognises)."""
+        from .stores import RedisSeenStore
+
+        if not bodies or not all(isinstance(store, RedisSeenStore) and store.binding is self for store, _ in marks):
+            return False
+        key = self._key(queue_name)
+        check_sizes(bodies, self.config.max_message_bytes, f"Redis list {key!r}", "Redis's proto-max-bulk-len")
+        try:
+            with self._guard("publish a batch and remember it", key):
+                pipe = self.client.pipeline(transaction=True)
+                for start in range(0, len(bodies), _CHUNK):
+                    pipe.rpush(key, *(bytes(b) for b in bodies[start:start + _CHUNK]))
+                for store, keys in marks:
+                    store.queue_adds(pipe, keys)
+                pipe.execute()
+        except BindingError as exc:
+            raise PublishBatchError(f"{exc}; the transaction stored all of the {len(bodies)} bodies or none",
+                                    range(len(bodies))) from exc
+        return True
+
+    def reserve(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
+        return self._take(queue_name, self._key(queue_name), timeout, dead=False)
+
+    def reserve_dead_letter(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
+        return self._take(queue_name, self.dead_letter_name(queue_name), timeout, dead=True)
+
+    def open_dead_letter_pipeline(self, queue_name: str) -> RedisDeadLetterPipeline | None:
+        """A connection on which a drain keeps reservations and acks of ``queue_name``'s DLQ in flight, so the
+        server reserves the next batch while the drain writes and syncs this one (see
+        :class:`RedisDeadLetterPipeline`); the caller finishes or aborts it. ``None`` when the injected client
+        has no connection pool to take a connection from (e.g. a cluster client): the drain then uses
+        :meth:`reserve_dead_letters` and :meth:`ack_many`, one round trip each."""
+        if not callable(getattr(getattr(self.client, "connection_pool", None), "get_connection", None)):
+            return None
+        from .pipeline import RedisDeadLetterPipeline
+
+        return RedisDeadLetterPipeline(self, queue_name)
+
+    def reserve_dead_letters(self, queue_name: str, limit: int, timeout: float = 0) -> list[ReceivedMessage]:
+        """Up to ``limit`` dead letters with one script per 2000 (maintenance, then what LMOVE + a deadline
+        member each does for :meth:`reserve_dead_letter`). When the DLQ is empty, waits up to ``timeout`` for
+        the first one the single-message way, then takes what else is ready without waiting."""
+        if limit <= 0:
+            return []
+        source = self.dead_letter_name(queue_name)
+        keys, vt = self._keys(source, dead=True), repr(float(self.config.visibility_timeout))
+        out: list[ReceivedMessage] = []
+        while len(out) < limit:
+            want, stem = min(limit - len(out), MANY_CHUNK), secrets.token_hex(12)
+            with self._guard("reserve", source):
+                raws = as_bytes(self._reserve_many_script(keys=keys, args=[vt, stem, SWEEP_BATCH, want]))
+            out.extend(DeadLetterBatch(self, queue_name, keys[1], stem, raws, want).messages())
+            if len(raws) < want:  # the DLQ has no more ready now
+                break
+        if out or timeout <= 0:
+            return out
+        message = self._take(queue_name, source, timeout, dead=True)
+        if message is None:
+            return []
+        return [message, *(self.reserve_dead_letters(queue_name, limit - 1) if limit > 1 else ())]
+
+    def ack(self, message: ReceivedMessage) -> None:
+        self._settle(message, None)
+
+    def ack_many(self, messages: Sequence[ReceivedMessage]) -> None:
+        """Gated per reservation, exactly as :meth:`ack`: a member that expired and was handed out again is left
+        alone. Per processing list and chunk of 2000, one script when the batch is the head of the processing
+        list in reservation order (a drain's case: only the tokens travel), else one script that checks each
+        reservation's own member (ZMSCORE) and removes the held ones."""
+        groups: dict[str, list[_Receipt]] = {}
+        for message in messages:
+            receipt = self._receipt_of(message)
+            groups.setdefault(receipt.processing, []).append(receipt)
+        slow: dict[tuple[str, str | None, float], list[tuple[_Receipt, bytes]]] = {}
+        for processing, receipts in groups.items():
+            keys = [processing, f"{processing}:deadlines"]
+            for start in range(0, len(receipts), MANY_CHUNK):
+                chunk = receipts[start:start + MANY_CHUNK]
+                with self._guard("ack reservations", processing):
+                    done = int(self._ack_head_script(keys=keys, args=["".join(r.token for r in chunk)]))
+                if done < 0:
+                    slow.setdefault((processing, None, 0.0), []).extend((receipt, b"") for receipt in chunk)
+        self._settle_many(slow, "ack reservations")
+
+    def release_many(self, messages: Sequence[ReceivedMessage], delay: float = 0) -> None:
+        """:meth:`release` for many: one script per (processing list, target) and chunk, gated per member."""
+        groups: dict[tuple[str, str | None, float], list[tuple[_Receipt, bytes]]] = {}
+        delay = max(float(delay), 0.0)
+        for message in messages:
+            receipt = self._receipt_of(message)
+            if message.from_dead_letter:  # back on the DLQ exactly as stored (as release does)
+                group, body = (receipt.processing, self.dead_letter_name(message.queue_name), 0.0), message.body
+            else:
+                key = self._key(message.queue_name)
+                target = f"{key}:delayed" if delay > 0 else key
+                group, body = (receipt.processing, target, delay), bumped_body(message)
+            groups.setdefault(group, []).append((receipt, body))
+        self._settle_many(groups, "release reservations")
+
+    def release(self, message: ReceivedMessage, delay: float = 0) -> None:
+        """Back to the END of the ready list with ``attempts`` + 1 (to ``:delayed`` when ``delay`` > 0).
+        A message reserved from the DLQ goes back on the DLQ exactly as it was stored."""
+        if message.from_dead_letter:
+            self._settle(message, self.dead_letter_name(message.queue_name), message.body)
+            return
+        key = self._key(message.queue_name)
+        self._settle(message, f"{key}:delayed" if delay > 0 else key, bumped_body(message), delay)
+
+    def dead_letter(
+        self, message: ReceivedMessage, reason: str, *, error: str | None = None, exception: str | None = None
+    ) -> None:
+        body = dead_letter_body(message, reason, error=error, exception=exception)
+        self._settle(message, self.dead_letter_name(message.queue_name), body)
+
+    def depth(self, queue_name: str) -> int:
+        """LLEN of the ready list, after moving due delayed items and expired reservations onto it."""
+        return self._length(self._key(queue_name), dead=False)
+
+    def dead_letter_depth(self, queue_name: str) -> int:
+        """LLEN of the DLQ, after requeueing drain reservations whose consumer died."""
+        return self._length(self.dead_letter_name(queue_name), dead=True)
+
+    def browse_dead_letters(self, queue_name: str, limit: int = 100) -> list[ReceivedMessage]:
+        """LRANGE of the DLQ: nothing is reserved or removed (items under a drain are not listed)."""
+        if limit <= 0:
+            return []
+        key = self.dead_letter_name(queue_name)
+        with self._guard("browse", key):
+            items = self.client.lrange(key, 0, limit - 1)
+        return [self._parsed(bytes(raw), queue_name, dead=True) for raw in items]
+
+    def browse_dead_letter_raws(self, queue_name: str, start: int, stop: int) -> list[bytes]:
+        """The stored bytes of DLQ elements ``start``..``stop`` - 1 (LRANGE), without building messages: a browse
+        drain writes only the bytes, and decoding each into a :class:`ReceivedMessage` cost more than the rest
+        of the copy. Nothing is reserved or removed."""
+        if stop <= start:
+            return []
+        key = self.dead_letter_name(queue_name)
+        with self._guard("browse", key):
+            items = self.client.lrange(key, start, stop - 1)
+        return [raw if raw.__class__ is bytes else bytes(raw) for raw in items]
+
+    def seen_store(self, name: str) -> RedisSeenStore:
+        from .stores import RedisSeenStore
+
+        return RedisSeenStore(self, name)
+
+    def ping(self) -> None:
+        with self._guard("PING", "-"):
+            self.client.ping()
+
+    def close(self) -> None:
+        if self._owns_client:
+            self.client.close()
+

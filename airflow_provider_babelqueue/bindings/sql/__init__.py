@@ -1,0 +1,15 @@
+"""A SQL table queue (the spec's PDO transport; SQLite by default, PostgreSQL): the binding and its seen-set."""
+
+from __future__ import annotations
+
+from .binding import (
+    SqlBinding,
+    SqlConfig,
+    sqlite_url,
+)
+
+__all__ = [
+    "SqlBinding",
+    "SqlConfig",
+    "sqlite_url",
+]

@@ -1,0 +1,517 @@
+"""SQL table binding: the spec's "PDO transport" layout (so other SDKs on the same database see the same rows).
+
+* ``<table>``: ``id, queue, payload, attempts, reserved_at, available_at, created_at``, one row per message;
+* ``<table>_failed``: ``id, queue, urn, attempts, reason, error, exception, failed_at, payload, reserved_at``,
+  one row per dead letter; ``payload`` is the full annotated envelope (query it directly for triage).
+
+``payload`` is binary (``LargeBinary``: BLOB on SQLite, BYTEA on PostgreSQL): bodies must round-trip byte
+for byte, invalid UTF-8 and NUL included, and a TEXT column would reject or transcode exactly the poison
+messages triage needs. Ready-table times are float epoch seconds; ``failed_at`` is integer epoch ms.
+
+Reserving stamps ``reserved_at``; a stamp older than the visibility timeout makes the row deliverable again
+(a consumer killed before acking loses nothing). The stamp is also the reservation token: a late ack after
+the row was reclaimed matches nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from ...core import envelope as bq
+from ..base import (
+    Binding,
+    BindingError,
+    PublishBatchError,
+    ReceivedMessage,
+    bumped_body,
+    check_sizes,
+    dead_letter_body,
+    parse_body,
+)
+
+__all__ = ["SqlBinding", "SqlConfig", "sqlite_url"]
+
+if TYPE_CHECKING:
+    from ...core.idempotency import SeenStore
+    from .stores import SqlSeenStore
+
+#: At most 40 characters: PostgreSQL truncates identifiers at 63 bytes and ``<table>_failed_queue_idx`` is longest.
+_TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
+_BATCH_CHUNK = 500
+
+
+def sqlite_url(path: str | os.PathLike[str]) -> str:
+    """The SQLAlchemy URL of an SQLite file.
+
+    :param path: the database file; it is made absolute so the URL means the same file whatever the
+        working directory of the worker, scheduler or triggerer that opens it.
+    """
+    return f"sqlite:///{Path(path).expanduser().resolve()}"
+
+
+@dataclass(frozen=True, slots=True)
+class SqlConfig:
+    """Where the queue tables live and how reservations behave.
+
+    :param url: SQLAlchemy URL (``sqlite:////abs/path.db``, ``postgresql+psycopg2://user@host/db``).
+    :param table: the ready table; dead letters go to ``<table>_failed``. It is interpolated into SQL by
+        other SDKs, so only letters, digits and underscores are accepted.
+    :param visibility_timeout: seconds a reserved row may stay unacked before it is delivered again; it
+        must exceed the longest handler run or a slow consumer's message is handed to a second one.
+    :param poll_interval: sleep between polls while ``reserve(timeout=...)`` waits; a table has no push
+        notification, so this trades latency for database load.
+    :param create_tables: ``CREATE TABLE IF NOT EXISTS`` on first use; turn it off where the application
+        role may not run DDL and the tables are migrated separately.
+    :param max_message_bytes: larger bodies are refused before the INSERT; the default is SQLite's
+        ``SQLITE_MAX_LENGTH`` (10^9 bytes), just under PostgreSQL's 1 GB field limit.
+    """
+
+    url: str
+    table: str = "jobs"
+    visibility_timeout: float = 300.0
+    poll_interval: float = 0.05
+    create_tables: bool = True
+    max_message_bytes: int = 1_000_000_000
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.table, str) or not _TABLE_NAME.fullmatch(self.table):
+            raise ValueError(f"table must be 1-40 letters, digits or underscores, not led by a digit: {self.table!r}")
+        if not self.visibility_timeout > 0:
+            raise ValueError(f"visibility_timeout must be positive, got {self.visibility_timeout!r}")
+        if not self.poll_interval > 0:
+            raise ValueError(f"poll_interval must be positive, got {self.poll_interval!r}")
+        if not (isinstance(self.max_message_bytes, int) and self.max_message_bytes >= 1):
+            raise ValueError(f"max_message_bytes must be a positive whole number, got {self.max_message_bytes!r}")
+        try:
+            sa.make_url(self.url)
+        except (sa.exc.ArgumentError, TypeError, ValueError) as exc:
+            raise ValueError(f"url is not a SQLAlchemy URL: {exc}") from exc
+
+    @property
+    def safe_url(self) -> str:
+        """The URL with its password masked, for messages and logs."""
+        return sa.make_url(self.url).render_as_string(hide_password=True)
+
+    def __repr__(self) -> str:
+        return (
+            f"SqlConfig(url={self.safe_url!r}, table={self.table!r}, visibility_timeout={self.visibility_timeout!r}, "
+            f"poll_interval={self.poll_interval!r}, create_tables={self.create_tables!r})"
+        )
+
+
+class _Receipt(NamedTuple):
+    row_id: int
+    #: The ``reserved_at`` this reservation wrote; settling only matches a row still carrying it.
+    token: float
+
+
+def _build_tables(name: str) -> tuple[sa.Table, sa.Table]:
+    metadata = sa.MetaData()
+    row_id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite autoincrements INTEGER only
+    ready = sa.Table(
+        name, metadata,
+        sa.Column("id", row_id, primary_key=True, autoincrement=True),
+        sa.Column("queue", sa.String(255), nullable=False),
+        sa.Column("payload", sa.LargeBinary(), nullable=False),
+        sa.Column("attempts", sa.Integer(), nullable=False, default=0),
+        sa.Column("reserved_at", sa.Double(), nullable=True),
+        sa.Column("available_at", sa.Double(), nullable=False),
+        sa.Column("created_at", sa.Double(), nullable=False),
+        # (queue, available_at, id) serves the reserve query's ORDER BY available_at, id straight from the
+        # index; without id, a batch (one shared available_at) is re-sorted on every reserve.
+        sa.Index(f"{name}_queue_idx", "queue", "available_at", "id"),
+        sqlite_autoincrement=True,  # never reuse ids: a stale receipt must not match a newer row
+    )
+    failed = sa.Table(
+        f"{name}_failed", metadata,
+        sa.Column("id", row_id, primary_key=True, autoincrement=True),
+        sa.Column("queue", sa.String(255), nullable=False),
+        sa.Column("urn", sa.Text(), nullable=True),
+        sa.Column("attempts", sa.Integer(), nullable=False, default=0),
+        sa.Column("reason", sa.Text(), nullable=False),
+        sa.Column("error", sa.Text(), nullable=True),
+        sa.Column("exception", sa.Text(), nullable=True),
+        sa.Column("failed_at", sa.BigInteger(), nullable=False),
+        sa.Column("payload", sa.LargeBinary(), nullable=False),
+        sa.Column("reserved_at", sa.Double(), nullable=True),
+        sa.Index(f"{name}_failed_queue_idx", "queue", "id"),
+        sqlite_autoincrement=True,
+    )
+    return ready, failed
+
+
+def create_tables_racing(metadata: sa.MetaData, engine: Engine, attempts: int = 5) -> None:
+    """``CREATE TABLE IF NOT EXISTS`` for every table of ``metadata``, tolerating other processes creating the
+    same tables at the same time: a lost race (PostgreSQL: IntegrityError or ProgrammingError; SQLite:
+    OperationalError "already exists") is checked again, table by table, a few times."""
+    for attempt in range(attempts):
+        try:
+            metadata.create_all(engine, checkfirst=True)
+            return
+        except sa.exc.DatabaseError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.01 * (attempt + 1))
+
+
+def _sqlite_wal(dbapi_connection: Any, _record: Any) -> None:
+    """Write-ahead logging for a SQLite file: one sync per commit instead of the rollback journal's
+    several, and readers (depth, browse) no longer wait for a consumer's write lock. ``synchronous``
+    stays FULL, so a committed publish or ack survives a power cut. The mode is stored in the file."""
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=FULL")
+    cursor.close()
+
+
+class SqlBinding(Binding):
+    """A queue in two SQL tables; safe for many consumers across threads, processes and hosts.
+
+    :param config: the tables and timings.
+    :param engine: an engine to use instead of creating one from ``config.url`` (the test seam, or to share
+        a pool); it is left open by :meth:`close`. Nothing connects until the first operation.
+    """
+
+    name = "sql"
+    can_browse = True
+    carries_headers = False
+
+    def __init__(self, config: SqlConfig, engine: Engine | None = None) -> None:
+        self.config = config
+        self._engine = engine
+        self._owns_engine = engine is None
+        self._ready, self._failed = _build_tables(config.table)
+        self._init_lock = threading.Lock()
+        self._tables_ready = not config.create_tables
+        self._serial: threading.Lock | None = None  # set for in-memory SQLite (one shared connection)
+
+    def _get_engine(self, create_tables: bool = True) -> Engine:
+        with self._init_lock:
+            if self._engine is None:
+                url = sa.make_url(self.config.url)
+                options: dict[str, Any] = {"pool_pre_ping": True}
+                if url.get_backend_name() == "sqlite":
+                    # Long busy timeout: BEGIN IMMEDIATE waits for a competing consumer instead of failing.
+                    options = {"connect_args": {"timeout": 30.0}}
+                    if url.database in (None, "", ":memory:"):
+                        options = {"poolclass": sa.pool.StaticPool, "connect_args": {"check_same_thread": False}}
+                self._engine = sa.create_engine(url, **options)
+                if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+                    sa.event.listen(self._engine, "connect", _sqlite_wal)
+            engine = self._engine
+            if engine.dialect.name == "sqlite" and engine.url.database in (None, "", ":memory:"):
+                self._serial = self._serial or threading.Lock()
+            if create_tables and not self._tables_ready:
+                create_tables_racing(self._ready.metadata, engine)
+                self._tables_ready = True
+            return engine
+
+    @contextmanager
+    def _guard(self, action: str, queue_name: str | None) -> Iterator[None]:
+        """Turn driver errors into a :class:`BindingError` that says what to check."""
+        try:
+            yield
+        except sa.exc.SQLAlchemyError as exc:
+            detail = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
+            lowered, engine = detail.lower(), self._engine
+            db = engine.url.render_as_string(hide_password=True) if engine is not None else self.config.safe_url
+            where = f"table {self.config.table!r}" + (f", queue {queue_name!r}" if queue_name else "")
+            if "no such table" in lowered or ("relation" in lowered and "does not exist" in lowered):
+                hint = "the queue tables are missing; create them or set create_tables=True"
+            elif "locked" in lowered:
+                hint = "another connection held the database lock too long; retry, or use a server database"
+            elif isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError):
+                hint = f"cannot reach the database at {db}; check it is running and the URL"
+            else:
+                hint = f"check the schema of {self.config.table!r}/{self._failed.name!r} at {db}"
+            raise BindingError(f"sql binding could not {action} ({where}): {detail}; {hint}") from exc
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        """A transaction that may write; on SQLite it takes the write lock up front.
+
+        SQLite's default deferred transaction lets two consumers read the same free row and then fight
+        over the upgrade; ``BEGIN IMMEDIATE`` serialises them before the read. Other databases use
+        ``SELECT ... FOR UPDATE SKIP LOCKED`` instead (see :meth:`_take`).
+        """
+        engine = self._get_engine()
+        with self._serial or nullcontext():
+            if engine.dialect.name != "sqlite":
+                with engine.begin() as conn:
+                    yield conn
+                return
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                except BaseException:
+                    if conn.connection.driver_connection.in_transaction:  # some errors end it already
+                        conn.exec_driver_sql("ROLLBACK")
+                    raise
+                conn.exec_driver_sql("COMMIT")
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        engine = self._get_engine()
+        with self._serial or nullcontext(), engine.connect() as conn:
+            yield conn
+
+    def _free(self, table: sa.Table, now: float) -> sa.ColumnElement[bool]:
+        """Rows nobody holds: never reserved, or reserved longer ago than the visibility timeout."""
+        col = table.c.reserved_at
+        return sa.or_(col.is_(None), col <= now - self.config.visibility_timeout)
+
+    def _message(self, row: Any, queue_name: str, dead: bool, receipt: _Receipt | None) -> ReceivedMessage:
+        body = bytes(row.payload)
+        envelope, error, body_attempts = parse_body(body)
+        attempts = max(body_attempts, row.attempts or 0) if dead else body_attempts
+        return ReceivedMessage(
+            body=body, queue_name=queue_name, envelope=envelope, decode_error=error, attempts=attempts,
+            delivery_count=None, headers={}, receipt=receipt, from_dead_letter=dead,
+        )
+
+    def _take(self, queue_name: str, timeout: float, dead: bool, limit: int = 1) -> list[ReceivedMessage]:
+        """Reserve up to ``limit`` free rows, oldest first, in one transaction: a SELECT ... FOR UPDATE SKIP
+        LOCKED LIMIT n (SQLite: under BEGIN IMMEDIATE), then one UPDATE stamping them all. Polls up to
+        ``timeout`` seconds for the first row."""
+        table = self._failed if dead else self._ready
+        action = "reserve from the dead-letter table" if dead else "reserve"
+        deadline = time.monotonic() + max(timeout, 0)
+        while True:
+            now = time.time()
+            where = [table.c.queue == queue_name, self._free(table, now)]
+            order = [table.c.id] if dead else [table.c.available_at, table.c.id]
+            if not dead:
+                where.append(table.c.available_at <= now)
+            query = (
+                sa.select(table.c.id, table.c.payload, table.c.attempts, table.c.reserved_at)
+                .where(*where).order_by(*order).limit(limit).with_for_update(skip_locked=True)
+            )
+            with self._guard(action, queue_name), self._write() as conn:
+                rows = conn.execute(query).all()
+                if rows:
+                    return self._stamp(conn, table, rows, now, queue_name, dead)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            time.sleep(min(self.config.poll_interval, remaining))
+
+    def _stamp(self, conn: Connection, table: sa.Table, rows: Sequence[Any], now: float, queue_name: str,
+               dead: bool) -> list[ReceivedMessage]:
+        """Mark the selected (locked) rows reserved with one token: strictly newer than every previous mark of
+        those rows, so each reservation's ``(id, reserved_at)`` receipt is unique."""
+        newest = max((row.reserved_at for row in rows if row.reserved_at is not None), default=None)
+        token = now if newest is None or now > newest else math.nextafter(newest, math.inf)
+        ids = [row.id for row in rows]
+        stamped = 0
+        for start in range(0, len(ids), _BATCH_CHUNK):
+            chunk = ids[start:start + _BATCH_CHUNK]
+            update = sa.update(table).where(table.c.id.in_(chunk), self._free(table, now)).values(reserved_at=token)
+            stamped += conn.execute(update).rowcount
+        if stamped != len(rows):  # cannot happen under the row locks; never hand out a row we do not hold
+            held = set(conn.execute(sa.select(table.c.id).where(table.c.id.in_(ids), table.c.reserved_at == token))
+                       .scalars())
+            rows = [row for row in rows if row.id in held]
+        return [self._message(row, queue_name, dead, _Receipt(row.id, token)) for row in rows]
+
+    @staticmethod
+    def _receipt(message: ReceivedMessage) -> _Receipt:
+        if not isinstance(message.receipt, _Receipt):
+            raise BindingError(f"message from queue {message.queue_name!r} was not reserved by an sql binding")
+        return message.receipt
+
+    def _held(self, table: sa.Table, receipt: _Receipt) -> sa.ColumnElement[bool]:
+        return sa.and_(table.c.id == receipt.row_id, table.c.reserved_at == receipt.token)
+
+    @staticmethod
+    def _row(body: bytes, queue_name: str, now: float, delay: float = 0) -> dict[str, Any]:
+        return {"queue": queue_name, "payload": bytes(body), "attempts": 0, "reserved_at": None,
+                "available_at": now + max(delay, 0), "created_at": now}
+
+    def publish(
+        self, body: bytes, queue_name: str, *, headers: Mapping[str, Any] | None = None, delay: float = 0
+    ) -> None:
+        """Insert one row; ``headers`` are ignored because the layout has no column other SDKs read."""
+        check_sizes([body], self.config.max_message_bytes, f"{self.config.table} ({queue_name!r})")
+        with self._guard("publish", queue_name), self._write() as conn:
+            conn.execute(sa.insert(self._ready), [self._row(body, queue_name, time.time(), delay)])
+
+    def publish_batch(self, bodies: Sequence[bytes], queue_name: str) -> None:
+        """Insert all bodies in one transaction, a multi-row INSERT per chunk: all of them or none."""
+        if not bodies:
+            return
+        check_sizes(bodies, self.config.max_message_bytes, f"{self.config.table} ({queue_name!r})")
+        now = time.time()  # one timestamp: the batch keeps its order (ties are broken by id)
+        rows = [self._row(body, queue_name, now) for body in bodies]
+        try:
+            with self._guard("publish a batch", queue_name), self._write() as conn:
+                for start in range(0, len(rows), _BATCH_CHUNK):
+                    conn.execute(sa.insert(self._ready), rows[start : start + _BATCH_CHUNK])
+        except BindingError as exc:
+            raise PublishBatchError(f"{exc} (the transaction rolled back: none was stored)", range(len(rows))) from exc
+
+    def publish_remembering(self, bodies: Sequence[bytes], queue_name: str,
+                            marks: Sequence[tuple[SeenStore, Sequence[str]]]) -> bool:
+        """The batch's rows and the marks' seen rows in one transaction, when every store is a seen table of this
+        binding's database (see :meth:`Binding.publish_remembering`)."""
+        from .stores import SqlSeenStore
+
+        if not bodies or not all(isinstance(store, SqlSeenStore) and store.binding is self for store, _ in marks):
+            return False
+        check_sizes(bodies, self.config.max_message_bytes, f"{self.config.table} ({queue_name!r})")
+        for store, _ in marks:
+            store.ensure()
+        now = time.time()
+        rows = [self._row(body, queue_name, now) for body in bodies]
+        try:
+            with self._guard("publish a batch and remember it", queue_name), self._write() as conn:
+                for start in range(0, len(rows), _BATCH_CHUNK):
+                    conn.execute(sa.insert(self._ready), rows[start : start + _BATCH_CHUNK])
+                for store, keys in marks:
+                    store.insert_keys(conn, keys)
+        except BindingError as exc:
+            raise PublishBatchError(f"{exc} (the transaction rolled back: none was stored)", range(len(rows))) from exc
+        return True
+
+    def reserve(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
+        taken = self._take(queue_name, timeout, dead=False)
+        return taken[0] if taken else None
+
+    def reserve_dead_letter(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
+        taken = self._take(queue_name, timeout, dead=True)
+        return taken[0] if taken else None
+
+    def reserve_dead_letters(self, queue_name: str, limit: int, timeout: float = 0) -> list[ReceivedMessage]:
+        """Up to ``limit`` dead-letter rows in one transaction (see :meth:`_take`), oldest first."""
+        return self._take(queue_name, timeout, dead=True, limit=limit) if limit > 0 else []
+
+    def ack(self, message: ReceivedMessage) -> None:
+        """Delete the row, if this reservation still holds it (a reclaimed row belongs to its new holder)."""
+        receipt = self._receipt(message)
+        table = self._failed if message.from_dead_letter else self._ready
+        with self._guard("ack", message.queue_name), self._write() as conn:
+            conn.execute(sa.delete(table).where(self._held(table, receipt)))
+
+    def _by_token(self, messages: Sequence[ReceivedMessage]) -> dict[tuple[bool, float], list[int]]:
+        """Row ids grouped by (dead-letter table?, reservation token): a batch reservation shares one token."""
+        groups: dict[tuple[bool, float], list[int]] = {}
+        for message in messages:
+            receipt = self._receipt(message)
+            groups.setdefault((message.from_dead_letter, receipt.token), []).append(receipt.row_id)
+        return groups
+
+    def ack_many(self, messages: Sequence[ReceivedMessage]) -> None:
+        """One transaction: a DELETE ... WHERE reserved_at = token AND id IN (...) per token and table (per 500
+        ids), so a row reclaimed since (it carries a newer mark) is left to its new holder, as :meth:`ack` does."""
+        groups = self._by_token(messages)
+        if not groups:
+            return
+        with self._guard("ack", messages[0].queue_name), self._write() as conn:
+            for (dead, token), ids in groups.items():
+                table = self._failed if dead else self._ready
+                for start in range(0, len(ids), _BATCH_CHUNK):
+                    chunk = ids[start:start + _BATCH_CHUNK]
+                    conn.execute(sa.delete(table).where(table.c.reserved_at == token, table.c.id.in_(chunk)))
+
+    def release_many(self, messages: Sequence[ReceivedMessage], delay: float = 0) -> None:
+        """:meth:`release` for many in one transaction: dead letters un-reserved per token group, ready-table
+        rows in one executemany UPDATE (each with its own bumped body), all gated on their receipts."""
+        if not messages:
+            return
+        ready = [m for m in messages if not m.from_dead_letter]
+        dead = self._by_token([m for m in messages if m.from_dead_letter])
+        t = self._ready
+        rows = [{"b_id": self._receipt(m).row_id, "b_token": self._receipt(m).token, "b_payload": bumped_body(m)}
+                for m in ready]
+        update = (sa.update(t).where(t.c.id == sa.bindparam("b_id"), t.c.reserved_at == sa.bindparam("b_token"))
+                  .values(payload=sa.bindparam("b_payload"), attempts=t.c.attempts + 1, reserved_at=None,
+                          available_at=time.time() + max(delay, 0)))
+        with self._guard("release", messages[0].queue_name), self._write() as conn:
+            for (_, token), ids in dead.items():
+                for start in range(0, len(ids), _BATCH_CHUNK):
+                    chunk = ids[start:start + _BATCH_CHUNK]
+                    conn.execute(sa.update(self._failed).where(self._failed.c.reserved_at == token,
+                                                               self._failed.c.id.in_(chunk)).values(reserved_at=None))
+            if rows:
+                conn.execute(update, rows)
+
+    def release(self, message: ReceivedMessage, delay: float = 0) -> None:
+        """Un-reserve the row with ``attempts`` one higher in the column and the body; a DLQ row is just
+        un-reserved, since a drain that gives up must leave the dead letter as it was."""
+        receipt = self._receipt(message)
+        if message.from_dead_letter:
+            with self._guard("release a dead letter", message.queue_name), self._write() as conn:
+                conn.execute(sa.update(self._failed).where(self._held(self._failed, receipt)).values(reserved_at=None))
+            return
+        values = {"payload": bumped_body(message), "attempts": self._ready.c.attempts + 1, "reserved_at": None,
+                  "available_at": time.time() + max(delay, 0)}
+        with self._guard("release", message.queue_name), self._write() as conn:
+            conn.execute(sa.update(self._ready).where(self._held(self._ready, receipt)).values(**values))
+
+    def dead_letter(
+        self, message: ReceivedMessage, reason: str, *, error: str | None = None, exception: str | None = None
+    ) -> None:
+        """Delete the reserved row and insert the annotated copy into ``<table>_failed``, atomically."""
+        receipt = self._receipt(message)
+        source = self._failed if message.from_dead_letter else self._ready
+        row = {"queue": message.queue_name, "urn": message.urn, "attempts": message.attempts,
+               "reason": str(reason), "error": error, "exception": exception, "failed_at": bq.now_ms(),
+               "payload": dead_letter_body(message, reason, error=error, exception=exception), "reserved_at": None}
+        with self._guard("dead-letter", message.queue_name), self._write() as conn:
+            if conn.execute(sa.delete(source).where(self._held(source, receipt))).rowcount == 1:
+                conn.execute(sa.insert(self._failed), [row])
+
+    def depth(self, queue_name: str) -> int:
+        now, t = time.time(), self._ready
+        where = (t.c.queue == queue_name, t.c.available_at <= now, self._free(t, now))
+        query = sa.select(sa.func.count()).select_from(t).where(*where)
+        with self._guard("count", queue_name), self._read() as conn:
+            return int(conn.execute(query).scalar_one())
+
+    def dead_letter_depth(self, queue_name: str) -> int:
+        t = self._failed
+        query = sa.select(sa.func.count()).select_from(t).where(t.c.queue == queue_name, self._free(t, time.time()))
+        with self._guard("count dead letters", queue_name), self._read() as conn:
+            return int(conn.execute(query).scalar_one())
+
+    def browse_dead_letters(self, queue_name: str, limit: int = 100) -> list[ReceivedMessage]:
+        """The oldest ``limit`` dead letters of the queue, reserved or not; nothing is changed."""
+        t = self._failed
+        query = sa.select(t.c.payload, t.c.attempts).where(t.c.queue == queue_name).order_by(t.c.id)
+        query = query.limit(max(limit, 0))
+        with self._guard("browse dead letters", queue_name), self._read() as conn:
+            rows = conn.execute(query).all()
+        return [self._message(row, queue_name, True, None) for row in rows]
+
+    def seen_store(self, name: str) -> SqlSeenStore:
+        from .stores import SqlSeenStore
+
+        return SqlSeenStore(self, name)
+
+    def ping(self) -> None:
+        """Run ``SELECT 1``; unlike every other operation it does not create the queue tables."""
+        with self._guard("reach the database", None), self._get_engine(create_tables=False).connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+
+    def dead_letter_name(self, queue_name: str) -> str:
+        return self._failed.name
+
+    def close(self) -> None:
+        """Dispose the engine's pool if this binding created it; an injected engine is left alone."""
+        with self._init_lock:
+            if self._owns_engine and self._engine is not None:
+                self._engine.dispose()
+                self._engine = None
+                self._tables_ready = not self.config.create_tables

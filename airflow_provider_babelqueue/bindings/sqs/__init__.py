@@ -1,0 +1,21 @@
+"""Amazon SQS: the message-attribute projection and attempts rule (wire) and the binding."""
+
+from __future__ import annotations
+
+from .binding import (
+    BODY_ENCODING_ATTRIBUTE,
+    SqsBinding,
+    SqsConfig,
+    dead_letter_queue_name,
+    message_attributes,
+    reconcile_attempts,
+)
+
+__all__ = [
+    "BODY_ENCODING_ATTRIBUTE",
+    "SqsBinding",
+    "SqsConfig",
+    "dead_letter_queue_name",
+    "message_attributes",
+    "reconcile_attempts",
+]

@@ -1,0 +1,1 @@
+"""The broker-agnostic engines over the binding protocol: consume, drain, replay, checks and limits. No Airflow."""

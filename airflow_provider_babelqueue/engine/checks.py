@@ -1,0 +1,152 @@
+"""The checks behind the sensors and triggers: one pure implementation for every mode.
+
+Sensors call these in ``poke``; triggers call the same functions from a worker thread, so poke,
+reschedule and deferrable modes decide identically. Pure: bindings only, no Airflow import.
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..bindings.base import Binding, NotSupportedError
+from ..core import envelope as bq
+
+__all__ = [
+    "COMPARISONS",
+    "DeadLetterStatus",
+    "DepthStatus",
+    "compare",
+    "dead_letter_status",
+    "depth_status",
+]
+
+COMPARISONS: dict[str, Callable[[int, int], bool]] = {
+    ">=": operator.ge,
+    ">": operator.gt,
+    "<=": operator.le,
+    "<": operator.lt,
+    "==": operator.eq,
+}
+WHICH = ("ready", "dead_letter")
+
+
+def compare(observed: int, comparison: str, threshold: int) -> bool:
+    """``observed <comparison> threshold``; the comparison is one of ``>=, >, <=, <, ==``."""
+    try:
+        return COMPARISONS[comparison](observed, threshold)
+    except KeyError:
+        raise ValueError(f"comparison must be one of {', '.join(COMPARISONS)}, got {comparison!r}") from None
+
+
+def validate_depth_args(which: str, comparison: str, threshold: int, consecutive: int) -> None:
+    if which not in WHICH:
+        raise ValueError(f"which must be 'ready' or 'dead_letter', got {which!r}")
+    compare(0, comparison, 0)
+    if threshold < 0:
+        raise ValueError(f"threshold must not be negative, got {threshold}")
+    if consecutive < 1:
+        raise ValueError(f"consecutive must be at least 1, got {consecutive}")
+
+
+@dataclass(frozen=True, slots=True)
+class DepthStatus:
+    matched: bool
+    depth: int
+    observations: tuple[int, ...]
+
+
+def depth_status(
+    binding: Binding,
+    queue_name: str,
+    *,
+    which: str = "ready",
+    comparison: str = ">=",
+    threshold: int = 1,
+    consecutive: int = 1,
+    interval: float = 1.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> DepthStatus:
+    """Observe a queue's depth; it matches when ``consecutive`` observations ``interval`` seconds apart all
+    satisfy the comparison. Several observations tolerate eventually consistent counts (SQS): one stale
+    reading cannot end the wait. Stops at the first reading that does not match."""
+    validate_depth_args(which, comparison, threshold, consecutive)
+    measure = binding.depth if which == "ready" else binding.dead_letter_depth
+    seen: list[int] = []
+    for index in range(consecutive):
+        if index:
+            sleep(interval)
+        seen.append(measure(queue_name))
+        if not compare(seen[-1], comparison, threshold):
+            return DepthStatus(False, seen[-1], tuple(seen))
+    return DepthStatus(True, seen[-1], tuple(seen))
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterStatus:
+    """``depth``: the DLQ depth; ``matching``: dead letters passing the filters among those browsed (the
+    depth itself when no filter is set); ``sample``: up to ``sample_size`` of them as
+    ``{"meta_id", "urn", "reason"}``."""
+
+    matched: bool
+    depth: int
+    matching: int
+    sample: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"depth": self.depth, "matching": self.matching, "sample": self.sample}
+
+
+def _sample_entry(envelope: dict[str, Any] | None) -> dict[str, Any]:
+    if envelope is None:
+        return {"meta_id": "", "urn": "", "reason": str(bq.Reason.POISON)}
+    block = envelope.get("dead_letter")
+    reason = block.get("reason") if isinstance(block, dict) else None
+    return {"meta_id": bq.meta_id_of(envelope), "urn": bq.urn_of(envelope), "reason": reason}
+
+
+def dead_letter_status(
+    binding: Binding,
+    queue_name: str,
+    *,
+    min_count: int = 1,
+    baseline: int | None = None,
+    reasons: Sequence[str] | None = None,
+    urns: Sequence[str] | None = None,
+    sample_size: int = 5,
+    browse_limit: int = 1000,
+) -> DeadLetterStatus:
+    """Have dead letters arrived?
+
+    Without filters: matched when the DLQ depth is at least ``min_count`` — or, with a ``baseline``, when
+    it grew by at least ``min_count`` since the baseline was taken. With ``reasons``/``urns`` the first
+    ``browse_limit`` dead letters are read without removing them (where the broker can browse) and only
+    matching ones count (growth is then judged on the depth, the filter on the browsed messages).
+
+    :raises NotSupportedError: for filters on a broker that cannot browse its DLQ.
+    """
+    if min_count < 1:
+        raise ValueError(f"min_count must be at least 1, got {min_count}")
+    depth = binding.dead_letter_depth(queue_name)
+    filtered = bool(reasons or urns)
+    sample: list[dict[str, Any]] = []
+    matching = depth
+    if filtered or (sample_size > 0 and binding.can_browse):
+        if filtered and not binding.can_browse:
+            raise NotSupportedError(
+                f"filtering dead letters by reason or URN needs a broker that can browse its dead-letter queue; "
+                f"the {binding.name} binding cannot"
+            )
+        entries = [_sample_entry(m.envelope) for m in binding.browse_dead_letters(queue_name, browse_limit)]
+        if filtered:
+            entries = [e for e in entries if (not reasons or e["reason"] in reasons) and (not urns or e["urn"] in urns)]
+            matching = len(entries)
+        sample = entries[: max(sample_size, 0)]
+    if baseline is not None:
+        matched = depth - baseline >= min_count and matching > 0
+    else:
+        matched = matching >= min_count
+    return DeadLetterStatus(matched, depth, matching, sample)

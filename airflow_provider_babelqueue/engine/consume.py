@@ -1,0 +1,341 @@
+"""A conformant BabelQueue consumer over any binding, for bounded runs (pure: no Airflow import).
+
+For each delivery, in this order:
+
+1. a body over ``max_body_bytes`` or nested deeper than ``max_nesting_depth`` is dead-lettered with reason
+   ``poison`` (its bytes kept exactly) and an error naming the limit and the actual size or depth: a hostile
+   or runaway producer cannot make a consumer validate, re-encode or hand it to a handler;
+2. an undecodable body is dead-lettered with reason ``poison`` (its bytes kept exactly);
+3. an envelope that fails validation is dead-lettered with the validation reason (an unsupported schema
+   version included): quarantined, never dropped;
+4. a URN with no handler follows the unknown-URN strategy;
+5. a duplicate ``meta.id`` (when an idempotency store is given) is acked without running the handler;
+6. the handler runs; success acks, failure releases with backoff until ``max_attempts`` handler runs,
+   then dead-letters with reason ``failed``, the error text and the exception type.
+
+The limits are checked on the raw bytes the binding returned; bindings decode a body when they reserve it
+(with orjson, which refuses nesting deeper than 1,024 levels without recursing), so the limits protect
+everything after that: validation, the dead-letter re-encoding, handlers and their own parsers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from ..bindings.base import Binding, BindingError, ReceivedMessage, bumped_body
+from ..core import envelope as bq
+from ..core.idempotency import SeenStore
+from .limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_NESTING_DEPTH, body_limit_error, check_limit, nesting_depth
+
+#: The contract's integers are signed 64-bit (and so are the brokers' attempts columns and headers).
+_MAX_COUNT = 2**63 - 1
+
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_NESTING_DEPTH",
+    "Backoff",
+    "ConsumeSummary",
+    "Consumer",
+    "Handler",
+    "UnknownUrnStrategy",
+    "body_limit_error",
+    "check_limit",
+    "exception_name",
+    "nesting_depth",
+]
+
+Handler = Callable[[dict[str, Any]], Any]
+
+_NOT_COUNTABLE = (
+    "not retried: the body cannot be re-encoded with a higher attempts count (an integer beyond 64 bits, or "
+    "nesting deeper than the encoder's 254 levels), so each retry would arrive as the first attempt again"
+)
+
+
+def _attempt_countable(message: ReceivedMessage) -> bool:
+    """Whether a release can record the attempt in the body.
+
+    :func:`~airflow_provider_babelqueue.bindings.base.bumped_body` gives a body it cannot re-encode back
+    unchanged (bytes are never lost), so releasing it would deliver it with the same ``attempts`` forever on
+    brokers that keep the count only in the body (the SQL table, Redis lists): a failing handler would loop
+    without end. Such a message is dead-lettered at its first failure instead, on every broker (one rule, rather
+    than one per broker's native counter); the check costs one re-encoding per failure.
+    """
+    try:
+        return bumped_body(message) != message.body
+    except Exception:  # noqa: BLE001 - e.g. RecursionError while walking very deep data: not countable either
+        return False
+
+
+class UnknownUrnStrategy(StrEnum):
+    """What to do with a valid envelope whose URN has no handler."""
+
+    #: count it as a handler failure: retried, then dead-lettered with reason ``unknown_urn``
+    FAIL = "fail"
+    #: ack it: the message is dropped on purpose
+    DELETE = "delete"
+    #: put it back for another consumer that knows the URN
+    RELEASE = "release"
+    #: quarantine it at once with reason ``unknown_urn``
+    DEAD_LETTER = "dead_letter"
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Delay before a failed message is delivered again.
+
+    :param kind: ``fixed`` waits ``base`` seconds every time; ``exponential`` waits ``base * 2**attempts``
+        capped at ``cap``, which spreads retries of a struggling downstream service out.
+    :param jitter: with exponential backoff, wait a random 50–100 % of the delay so a burst of failures
+        does not come back as one burst.
+    """
+
+    kind: str = "exponential"
+    base: float = 1.0
+    cap: float = 60.0
+    jitter: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("fixed", "exponential"):
+            raise ValueError(f"backoff kind must be 'fixed' or 'exponential', got {self.kind!r}")
+        if self.base < 0 or self.cap < 0:
+            raise ValueError("backoff base and cap must not be negative")
+
+    def delay(self, attempts: int, rng: random.Random | None = None) -> float:
+        """The delay after the handler failed on a delivery with this many previous attempts."""
+        if self.kind == "fixed":
+            return self.base
+        delay = min(self.cap, self.base * (2 ** min(attempts, 62)))
+        return delay * (0.5 + 0.5 * (rng or random).random()) if self.jitter else delay
+
+
+@dataclass(slots=True)
+class ConsumeSummary:
+    """What one bounded run did; ``as_dict()`` is what the operator returns to XCom."""
+
+    received: int = 0
+    handled: int = 0
+    retried: int = 0
+    skipped_duplicates: int = 0
+    deleted_unknown: int = 0
+    released_unknown: int = 0
+    broker_errors: int = 0
+    dead_lettered: Counter[str] = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "received": self.received,
+            "handled": self.handled,
+            "retried": self.retried,
+            "skipped_duplicates": self.skipped_duplicates,
+            "deleted_unknown": self.deleted_unknown,
+            "released_unknown": self.released_unknown,
+            "broker_errors": self.broker_errors,
+            "dead_lettered": dict(sorted(self.dead_lettered.items())),
+        }
+
+
+def exception_name(exc: BaseException) -> str:
+    """``module.QualName`` of an exception type (builtins without a module), for triage grouping."""
+    cls = type(exc)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+class Consumer:
+    """Consumes one queue of a binding with the rules in the module docstring.
+
+    :param handlers: URN → callable taking the envelope dict. Handlers must treat it as read-only.
+    :param max_attempts: handler runs before a failing message is dead-lettered (1 = no retry).
+    :param idempotency: a seen-set keyed on ``meta.id``; shared by all consumers of the queue it makes
+        redeliveries (at-least-once) collapse into one effect.
+    :param max_body_bytes: a longer body is dead-lettered as ``poison`` before it is validated or handed to a
+        handler, with an error naming both sizes, so one runaway producer cannot exhaust a worker's memory.
+        ``None`` turns the check off.
+    :param max_nesting_depth: a body whose arrays/objects nest deeper (the envelope itself is level 1) is
+        dead-lettered as ``poison`` the same way: deep nesting crashes recursive parsers and handlers with a
+        ``RecursionError``. Measured on the raw bytes without recursion; ``None`` turns the check off.
+    :param max_outage_seconds: how long :meth:`run` keeps retrying when the broker fails (a restart, a network
+        blip) before it gives up and raises, so a short outage costs a pause instead of a failed task. Each
+        broker error is logged and counted (``broker_errors``); 0 raises the first one.
+    """
+
+    def __init__(
+        self,
+        binding: Binding,
+        queue_name: str,
+        handlers: Mapping[str, Handler],
+        *,
+        max_attempts: int = 3,
+        backoff: Backoff | None = None,
+        unknown_urn: UnknownUrnStrategy | str = UnknownUrnStrategy.DEAD_LETTER,
+        idempotency: SeenStore | None = None,
+        log: logging.Logger | None = None,
+        rng: random.Random | None = None,
+        max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
+        max_nesting_depth: int | None = DEFAULT_MAX_NESTING_DEPTH,
+        max_outage_seconds: float = 0.0,
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+        self.max_body_bytes = check_limit(max_body_bytes, "max_body_bytes")
+        self.max_nesting_depth = check_limit(max_nesting_depth, "max_nesting_depth")
+        self.binding = binding
+        self.queue_name = queue_name
+        self.handlers = dict(handlers)
+        self.max_attempts = max_attempts
+        self.backoff = backoff or Backoff()
+        self.unknown_urn = UnknownUrnStrategy(unknown_urn)
+        self.idempotency = idempotency
+        self.log = log or logging.getLogger(__name__)
+        self.rng = rng
+        if not max_outage_seconds >= 0:
+            raise ValueError(f"max_outage_seconds must be a number >= 0, got {max_outage_seconds!r}")
+        self.max_outage_seconds = float(max_outage_seconds)
+        self._outage_since: float | None = None
+        self._outage_errors = 0
+        self.summary = ConsumeSummary()
+
+    # ----------------------------------------------------------------------------------- outcomes
+
+    def _dead_letter(
+        self,
+        message: ReceivedMessage,
+        reason: str,
+        error: str | None,
+        exception: str | None = None,
+        failed_runs: int = 0,
+        meta_id: str | None = None,
+    ) -> str:
+        # attempts in the dead_letter block = deliveries that were given up on (as the other SDKs record it),
+        # saturating at the contract's largest integer: a body claiming 2**63 - 1 attempts must still be stored
+        counted = dataclasses.replace(message, attempts=min(message.attempts + failed_runs, _MAX_COUNT))
+        self.binding.dead_letter(counted, reason, error=error, exception=exception)
+        self.summary.dead_lettered[reason] += 1
+        self.log.warning("dead-lettered %s (%s): %s", meta_id or message.meta_id or "<no meta.id>", reason, error)
+        return f"dead_letter:{reason}"
+
+    def _failed(self, message: ReceivedMessage, exc: BaseException, reason: str) -> str:
+        error = str(exc) or type(exc).__name__
+        if message.attempts + 1 >= self.max_attempts:
+            return self._dead_letter(message, reason, error, exception_name(exc), 1)
+        if not _attempt_countable(message):
+            return self._dead_letter(message, reason, f"{error} ({_NOT_COUNTABLE})", exception_name(exc), 1)
+        delay = self.backoff.delay(message.attempts, self.rng)
+        self.binding.release(message, delay=delay)
+        self.summary.retried += 1
+        self.log.info("retry %s in %.1fs after %s: %s", message.meta_id, delay, exception_name(exc), exc)
+        return "retried"
+
+    # ------------------------------------------------------------------------------------ process
+
+    def process(self, message: ReceivedMessage) -> str:
+        """Handle one delivery; returns what happened (``handled``, ``retried``, ``dead_letter:<reason>``...)."""
+        self.summary.received += 1
+        limit_error = body_limit_error(message.body, self.max_body_bytes, self.max_nesting_depth)
+        if limit_error is not None:
+            # Treated as undecodable: the binding stores the bytes as they are instead of decoding and
+            # re-encoding the oversized or over-deep body to annotate it.
+            refused = dataclasses.replace(message, envelope=None, decode_error=limit_error)
+            return self._dead_letter(refused, bq.Reason.POISON, limit_error, meta_id=message.meta_id)
+        envelope = message.envelope
+        if envelope is None:
+            return self._dead_letter(message, bq.Reason.POISON, message.decode_error)
+        reason = bq.check(envelope)
+        if reason is not None:
+            return self._dead_letter(message, reason, f"the envelope failed validation: {reason}")
+        urn = bq.urn_of(envelope)
+        handler = self.handlers.get(urn)
+        if handler is None:
+            return self._unknown(message, urn)
+        key = message.meta_id
+        if self.idempotency is not None and key and self.idempotency.seen(key):
+            self.binding.ack(message)
+            self.summary.skipped_duplicates += 1
+            return "skipped_duplicate"
+        try:
+            handler(envelope)
+        except Exception as exc:  # noqa: BLE001 - any handler failure is retried or dead-lettered
+            return self._failed(message, exc, bq.Reason.FAILED)
+        if self.idempotency is not None and key:
+            self.idempotency.remember(key)
+        self.binding.ack(message)
+        self.summary.handled += 1
+        return "handled"
+
+    def _unknown(self, message: ReceivedMessage, urn: str) -> str:
+        strategy = self.unknown_urn
+        if strategy is UnknownUrnStrategy.DEAD_LETTER:
+            return self._dead_letter(message, bq.Reason.UNKNOWN_URN, f"no handler is mapped for {urn}")
+        if strategy is UnknownUrnStrategy.DELETE:
+            self.binding.ack(message)
+            self.summary.deleted_unknown += 1
+            self.log.info("deleted %s: no handler for %s (strategy delete)", message.meta_id, urn)
+            return "deleted"
+        if strategy is UnknownUrnStrategy.RELEASE:
+            self.binding.release(message, delay=self.backoff.delay(message.attempts, self.rng))
+            self.summary.released_unknown += 1
+            return "released"
+        return self._failed(message, LookupError(f"no handler is mapped for {urn}"), bq.Reason.UNKNOWN_URN)
+
+    # ---------------------------------------------------------------------------------------- run
+
+    def run(
+        self,
+        *,
+        max_messages: int | None = None,
+        max_seconds: float | None = None,
+        stop_when_empty: bool = True,
+        reserve_timeout: float = 1.0,
+        progress_every: int = 1000,
+    ) -> ConsumeSummary:
+        """Consume until ``max_messages`` deliveries, ``max_seconds``, or (``stop_when_empty``) an empty
+        reserve, whichever comes first. A bounded run is what an Airflow task needs."""
+        deadline = None if max_seconds is None else time.monotonic() + max_seconds
+        while max_messages is None or self.summary.received < max_messages:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                break
+            timeout = reserve_timeout if remaining is None else max(0.0, min(reserve_timeout, remaining))
+            try:
+                message = self.binding.reserve(self.queue_name, timeout=timeout)
+                if message is not None:
+                    self.process(message)
+            except BindingError as exc:
+                self._ride_out(exc, deadline)
+                continue
+            self._outage_since = None
+            if message is None:
+                if stop_when_empty:
+                    break
+                continue
+            if progress_every and self.summary.received % progress_every == 0:
+                self.log.info("progress on %s: %s", self.queue_name, self.summary.as_dict())
+        return self.summary
+
+    def _ride_out(self, exc: BindingError, deadline: float | None) -> None:
+        """Wait out a broker error, or raise it once ``max_outage_seconds`` have passed since the first one.
+
+        Nothing is lost meanwhile: a message whose ack or release failed is still reserved on the broker and
+        comes back after its visibility timeout (or at once, on brokers that requeue a dead connection's
+        deliveries); the idempotency store, when set, keeps its handler from running twice.
+        """
+        self.summary.broker_errors += 1
+        now = time.monotonic()
+        if self._outage_since is None:
+            self._outage_since, self._outage_errors = now, 0
+        self._outage_errors += 1
+        left = self._outage_since + self.max_outage_seconds - now
+        if left <= 0 or (deadline is not None and deadline <= now):
+            raise exc
+        pause = min(left, 0.25 * 2 ** min(self._outage_errors, 4))  # 0.5, 1, 2, 4 s
+        self.log.warning("broker error on %s, retrying in %.1f s (giving up %.0f s from now): %s", self.queue_name,
+                         pause, left, exc)
+        time.sleep(pause)

@@ -1,0 +1,1 @@
+"""Helpers outside the wheel: the demo run by ``make demo``."""
