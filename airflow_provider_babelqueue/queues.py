@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from airflow.triggers.base import BaseEventTrigger
 
 __all__ = [
-    "SCHEMES",
     "BabelQueueAzureServiceBusQueueProvider",
     "BabelQueuePulsarQueueProvider",
     "BabelQueueRabbitMQQueueProvider",
@@ -57,5 +56,3 @@ class BabelQueueAzureServiceBusQueueProvider(_BabelQueueProvider):
 class BabelQueuePulsarQueueProvider(_BabelQueueProvider):
     scheme = "babelqueue+pulsar"
 
-
-SCHEMES = {cls.scheme: cls for cls in _BabelQueueProvider.__subclasses__()}

@@ -32,8 +32,9 @@ from typing import Any
 
 from ..bindings.base import Binding, BindingError, ReceivedMessage, bumped_body
 from ..core import envelope as bq
-from ..core.idempotency import SeenStore
+from ..core.idempotency import Effect, IdempotencyGuard, SeenStore
 from .limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_NESTING_DEPTH, body_limit_error, check_limit, nesting_depth
+from .logs import Log
 
 #: The contract's integers are signed 64-bit (and so are the brokers' attempts columns and headers).
 _MAX_COUNT = 2**63 - 1
@@ -114,7 +115,7 @@ class Backoff:
         if self.kind == "fixed":
             return self.base
         delay = min(self.cap, self.base * (2 ** min(attempts, 62)))
-        return delay * (0.5 + 0.5 * (rng or random).random()) if self.jitter else delay
+        return delay * (0.5 + 0.5 * float((rng or random).random())) if self.jitter else delay
 
 
 @dataclass(slots=True)
@@ -177,7 +178,7 @@ class Consumer:
         backoff: Backoff | None = None,
         unknown_urn: UnknownUrnStrategy | str = UnknownUrnStrategy.DEAD_LETTER,
         idempotency: SeenStore | None = None,
-        log: logging.Logger | None = None,
+        log: Log | None = None,
         rng: random.Random | None = None,
         max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
         max_nesting_depth: int | None = DEFAULT_MAX_NESTING_DEPTH,
@@ -194,7 +195,9 @@ class Consumer:
         self.backoff = backoff or Backoff()
         self.unknown_urn = UnknownUrnStrategy(unknown_urn)
         self.idempotency = idempotency
-        self.log = log or logging.getLogger(__name__)
+        #: The one at-most-once-per-``meta.id`` rule (core.idempotency), applied to every handler run.
+        self.guard = IdempotencyGuard(idempotency) if idempotency is not None else None
+        self.log: Log = log or logging.getLogger(__name__)
         self.rng = rng
         if not max_outage_seconds >= 0:
             raise ValueError(f"max_outage_seconds must be a number >= 0, got {max_outage_seconds!r}")
@@ -255,17 +258,18 @@ class Consumer:
         handler = self.handlers.get(urn)
         if handler is None:
             return self._unknown(message, urn)
-        key = message.meta_id
-        if self.idempotency is not None and key and self.idempotency.seen(key):
+        try:
+            if self.guard is None:
+                handler(envelope)
+                effect = Effect.RUN
+            else:
+                effect = self.guard.process(envelope, handler)
+        except Exception as exc:  # noqa: BLE001 - any handler failure is retried or dead-lettered
+            return self._failed(message, exc, bq.Reason.FAILED)
+        if effect is Effect.SKIP:
             self.binding.ack(message)
             self.summary.skipped_duplicates += 1
             return "skipped_duplicate"
-        try:
-            handler(envelope)
-        except Exception as exc:  # noqa: BLE001 - any handler failure is retried or dead-lettered
-            return self._failed(message, exc, bq.Reason.FAILED)
-        if self.idempotency is not None and key:
-            self.idempotency.remember(key)
         self.binding.ack(message)
         self.summary.handled += 1
         return "handled"

@@ -12,37 +12,67 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["parse_flag", "parse_names", "parse_number", "text_or_none"]
+__all__ = [
+    "is_template",
+    "is_unset",
+    "parse_count",
+    "parse_flag",
+    "parse_list",
+    "parse_names",
+    "parse_number",
+    "text_or_none",
+]
+
+
+def is_unset(value: Any) -> bool:
+    """Whether a rendered value means "not given": ``None``, blank text, or the text ``"None"`` (what
+    ``{{ params.x }}`` renders for an unset param)."""
+    return value is None or (isinstance(value, str) and value.strip() in ("", "None"))
+
+
+def is_template(value: Any) -> bool:
+    """Whether ``value`` is still an unrendered Jinja template (only known after rendering, so checks skip it)."""
+    return isinstance(value, str) and "{{" in value
+
+
+def parse_list(value: Any, name: str) -> list[str]:
+    """A templated list, in order: a list/tuple/set, JSON list text, or comma-separated text; unset is ``[]``."""
+    if is_unset(value):
+        return []
+    if isinstance(value, str):
+        text = value.strip()
+        value = json.loads(text) if text.startswith("[") else [part.strip() for part in text.split(",")]
+    if not isinstance(value, Sequence | set | frozenset) or isinstance(value, str | bytes):
+        raise ValueError(f"{name} must be a list of strings, got {value!r}")
+    return [text for text in (str(item).strip() for item in value) if text]
 
 
 def parse_names(value: Any, name: str) -> frozenset[str] | None:
-    """A templated list: a list/tuple/set, JSON list text, or comma-separated text; empty = no filter."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        text = value.strip()
-        if not text or text == "None":
-            return None
-        if text.startswith("["):
-            value = json.loads(text)
-        else:
-            value = [part.strip() for part in text.split(",")]
-    if not isinstance(value, Sequence | set | frozenset) or isinstance(value, bytes):
-        raise ValueError(f"{name} must be a list of strings, got {value!r}")
-    out = frozenset(str(item) for item in value if str(item))
-    return out or None
+    """A templated list as a filter: :func:`parse_list`'s names as a set; empty means no filter (``None``)."""
+    return frozenset(parse_list(value, name)) or None
 
 
-def parse_number(value: Any, name: str, *, integer: bool = False) -> float | int | None:
-    """A templated number >= 0 (``None``, ``""`` and ``"None"`` mean unset)."""
-    if value is None or value == "" or value == "None":
+def parse_number(value: Any, name: str) -> float | None:
+    """A templated finite number >= 0 (``None``, ``""`` and ``"None"`` mean unset)."""
+    if is_unset(value):
         return None
     try:
-        number = int(value) if integer else float(value)
+        number = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a {'whole ' if integer else ''}number, got {value!r}") from None
-    if number < 0 or (not integer and not math.isfinite(number)):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if number < 0 or not math.isfinite(number):
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return number
+
+
+def parse_count(value: Any, name: str) -> int | None:
+    """A templated whole number >= 0, or ``None`` when unset (a bound such as ``max_messages``)."""
+    try:
+        number = None if is_unset(value) else int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a whole number, got {value!r}") from None
+    if number is not None and number < 0:
+        raise ValueError(f"{name} must not be negative, got {value!r}")
     return number
 
 

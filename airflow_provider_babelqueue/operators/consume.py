@@ -17,6 +17,7 @@ from ..engine.consume import (
     check_limit,
 )
 from ..hooks import DEFAULT_CONN_ID, get_hook
+from ._params import is_unset
 
 __all__ = ["BabelQueueConsumeOperator", "DeadLettersProducedError", "resolve_handlers"]
 
@@ -143,7 +144,7 @@ class BabelQueueConsumeOperator(BaseOperator):
         store_hook = None
         try:
             store = None
-            if self.idempotency_conn_id in ("", "None"):  # a template that rendered blank
+            if is_unset(self.idempotency_conn_id):  # a template that rendered blank
                 self.idempotency_conn_id = None
             if self.idempotency_conn_id is not None:
                 store_hook = (

@@ -15,6 +15,7 @@ from airflow.sdk import BaseOperator, Context
 from ..bindings.base import NotSupportedError
 from ..engine.drain import DrainSource, LocalFileSink, Sink, StreamSink, drain_dead_letters, file_name
 from ..hooks import DEFAULT_CONN_ID, get_hook
+from ._params import parse_count
 
 __all__ = ["BabelQueueDrainDeadLettersOperator"]
 
@@ -147,25 +148,13 @@ class BabelQueueDrainDeadLettersOperator(BaseOperator):
         self.batch_records = batch_records
         self.progress_every = progress_every
 
-    @staticmethod
-    def _bound(value: Any, name: str) -> int | None:
-        if value is None or value == "" or value == "None":
-            return None
-        try:
-            number = int(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{name} must be a whole number, got {value!r}") from None
-        if number < 0:
-            raise ValueError(f"{name} must not be negative, got {value!r}")
-        return number
-
     def execute(self, context: Context) -> dict[str, Any]:
         if self.sources is not None:
             pairs = _normalise_sources(self.sources)
         else:
             pairs = [(self.babelqueue_conn_id, str(self.queue_name))]
-        max_messages = self._bound(self.max_messages, "max_messages")
-        max_bytes = self._bound(self.max_bytes, "max_bytes")
+        max_messages = parse_count(self.max_messages, "max_messages")
+        max_bytes = parse_count(self.max_bytes, "max_bytes")
         with ExitStack() as stack:
             hooks: dict[str, Any] = {}
             sources = []

@@ -75,8 +75,10 @@ class BabelQueuePublishOperator(BaseOperator):
                 )
             return bodies
         payloads = [self.data] if isinstance(self.data, Mapping) else list(self.data or [])
+        urn = self.urn
+        assert urn is not None  # __init__ requires urn when envelopes is not given
         return [
-            bq.encode(bq.make_envelope(self.urn, payload, queue_name=self.queue_name, trace_id=self.trace_id))
+            bq.encode(bq.make_envelope(urn, payload, queue_name=self.queue_name, trace_id=self.trace_id))
             for payload in payloads
         ]
 

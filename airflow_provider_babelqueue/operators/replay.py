@@ -7,9 +7,9 @@ operator resolves connections, lists object-storage replay sets through ``Object
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, Context
 
@@ -27,7 +27,11 @@ from ..engine.replay import (
     skip_part,
 )
 from ..hooks import DEFAULT_CONN_ID, get_hook
-from ._params import parse_flag, parse_names, parse_number, text_or_none
+
+if TYPE_CHECKING:
+    from airflow.sdk import ObjectStoragePath
+
+from ._params import is_template, is_unset, parse_count, parse_flag, parse_names, parse_number, text_or_none
 
 __all__ = ["BYPASS_HEADER", "BabelQueueReplayOperator", "Replayer", "Selection", "copy_digest", "iter_replay_set"]
 
@@ -41,10 +45,15 @@ def object_storage_files(replay_set: str) -> FileList:
     if path.is_dir():
         files = sorted((p for p in path.rglob("*")
                         if p.is_file() and not any(skip_part(x) for x in p.relative_to(path).parts)), key=str)
-        return [(str(p), (lambda p=p: p.open("rb"))) for p in files]
+        return [(str(p), _opener(p)) for p in files]
     if not path.exists():
         raise FileNotFoundError(f"replay set {replay_set} does not exist")
-    return [(str(path), lambda: path.open("rb"))]
+    return [(str(path), _opener(path))]
+
+
+def _opener(path: ObjectStoragePath) -> Callable[[], IO[bytes]]:
+    """A function that opens ``path`` for reading when a feed gets to it (not before)."""
+    return lambda: path.open("rb")
 
 
 def iter_replay_set(replay_set: str, log: logging.Logger | logging.LoggerAdapter | None = None,
@@ -53,25 +62,17 @@ def iter_replay_set(replay_set: str, log: logging.Logger | logging.LoggerAdapter
     return engine.iter_replay_set(replay_set, log, url_files=object_storage_files)
 
 
-def _blank_to_none(value: Any) -> Any:
-    return None if value is None or (isinstance(value, str) and value.strip() in ("", "None")) else value
-
-
-def _is_template(value: Any) -> bool:
-    return isinstance(value, str) and "{{" in value
-
-
 def _check_source(queue_name: Any, replay_set: Any) -> None:
     """Exactly one source. Templated values are only known after rendering, so they pass here."""
-    if _is_template(queue_name) or _is_template(replay_set):
+    if is_template(queue_name) or is_template(replay_set):
         return
-    if (_blank_to_none(queue_name) is None) == (_blank_to_none(replay_set) is None):
+    if is_unset(queue_name) == is_unset(replay_set):
         raise ValueError("give either queue_name (a DLQ to redrive) or replay_set (a file or folder), not both "
                          "and not neither")
 
 
 def _check_rate(rate: Any) -> None:
-    if rate is None or _is_template(rate):
+    if rate is None or is_template(rate):
         return
     if isinstance(rate, str) or not rate > 0:
         raise ValueError(f"max_messages_per_second must be positive or None, got {rate!r}")
@@ -127,7 +128,7 @@ class BabelQueueReplayOperator(BaseOperator):
 
     template_fields: Sequence[str] = (
         "source_conn_id", "queue_name", "replay_set", "target_conn_id", "target_queue_name", "reasons", "urns",
-        "exception_types", "original_queues", "min_age_seconds", "max_age_seconds", "max_messages", "dry_run",
+        "exception_types", "original_queues", "min_age_seconds", "max_age_seconds", "max_messages", "replay_dry_run",
         "ledger_conn_id", "ledger_name", "max_messages_per_second",
     )
     ui_color = "#e8ecf4"
@@ -174,7 +175,8 @@ class BabelQueueReplayOperator(BaseOperator):
         self.min_age_seconds = min_age_seconds
         self.max_age_seconds = max_age_seconds
         self.max_messages = max_messages
-        self.dry_run = dry_run
+        # Not ``self.dry_run``: that name is BaseOperator's own method (Airflow calls it on every operator).
+        self.replay_dry_run = dry_run
         self.replay_bypass_header = replay_bypass_header
         self.ledger_conn_id = ledger_conn_id
         self.ledger_name = ledger_name
@@ -199,14 +201,14 @@ class BabelQueueReplayOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         # Rendered templates may leave "" (or "None") for the unused one of queue_name / replay_set.
-        self.queue_name = _blank_to_none(self.queue_name)
-        self.replay_set = _blank_to_none(self.replay_set)
+        self.queue_name = None if is_unset(self.queue_name) else self.queue_name
+        self.replay_set = None if is_unset(self.replay_set) else self.replay_set
         _check_source(self.queue_name, self.replay_set)
         self.max_messages_per_second = parse_number(self.max_messages_per_second, "max_messages_per_second")
         _check_rate(self.max_messages_per_second)
         selection = self._selection()
-        dry_run = parse_flag(self.dry_run, "dry_run")
-        max_messages = parse_number(self.max_messages, "max_messages", integer=True)
+        dry_run = parse_flag(self.replay_dry_run, "dry_run")
+        max_messages = parse_count(self.max_messages, "max_messages")
         target_queue = text_or_none(self.target_queue_name)
         target_conn = self.target_conn_id or self.source_conn_id
         ledger_conn = self.ledger_conn_id or target_conn
@@ -220,7 +222,8 @@ class BabelQueueReplayOperator(BaseOperator):
                 return hooks[conn_id].get_binding()
 
             target = binding_of(target_conn)
-            source = binding_of(self.source_conn_id) if self.queue_name is not None else None
+            dlq_queue: str | None = self.queue_name
+            source = binding_of(self.source_conn_id) if dlq_queue is not None else None
             headers = None
             if self.replay_bypass_header:
                 if target.carries_headers:
@@ -234,17 +237,17 @@ class BabelQueueReplayOperator(BaseOperator):
                 dry_run=dry_run, headers=headers, max_messages_per_second=self.max_messages_per_second,
                 batch_size=self.batch_size, progress_every=self.progress_every, log=self.log,
             )
-            where = (f"the DLQ {source.dead_letter_name(self.queue_name)} of {self.source_conn_id!r}"
-                     if source is not None else f"the replay set {self.replay_set}")
+            where = (f"the DLQ {source.dead_letter_name(dlq_queue)} of {self.source_conn_id!r}"
+                     if source is not None and dlq_queue is not None else f"the replay set {self.replay_set}")
             self.log.info("%s %s to %s on %r (ledger on %r)", "dry run of a replay from" if dry_run else "replaying",
                           where, target_queue or "each message's original queue", target_conn, ledger_conn)
             try:
-                if source is None:
+                if source is None or dlq_queue is None:
                     engine.feed_from_replay_set(replayer, str(self.replay_set), url_files=object_storage_files)
                 elif dry_run and source.can_browse:
-                    feed_from_browse(replayer, source, self.queue_name)
+                    feed_from_browse(replayer, source, dlq_queue)
                 else:
-                    feed_from_dead_letters(replayer, source, self.queue_name, self.reserve_timeout)
+                    feed_from_dead_letters(replayer, source, dlq_queue, self.reserve_timeout)
                 replayer.finish()
             except BaseException:
                 replayer.abort()
