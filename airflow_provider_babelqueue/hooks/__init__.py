@@ -2,37 +2,36 @@
 
 Operators, sensors and triggers call :func:`get_hook` and then use the binding protocol; they never
 branch on the broker.
+
+Importing this package is cheap (no Airflow, no binding): the provider info reads the connection declarations
+below it while Airflow loads its configuration.
 """
 
 from __future__ import annotations
 
 import os
 from importlib import import_module
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..bindings.base import BindingError
+from .connection_specs import CONNECTION_SPECS
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from .base import BabelQueueHook
 
 __all__ = ["DEFAULT_CONN_ID", "HOOK_CLASSES", "default_sqlite_path", "get_hook"]
 
 DEFAULT_CONN_ID = "babelqueue_default"
 
-#: connection type → hook class path. Bindings add themselves here as they land.
-HOOK_CLASSES = {
-    "babelqueue_sql": "airflow_provider_babelqueue.hooks.sql.BabelQueueSqlHook",
-    "babelqueue_redis": "airflow_provider_babelqueue.hooks.redis.BabelQueueRedisHook",
-    "babelqueue_rabbitmq": "airflow_provider_babelqueue.hooks.rabbitmq.BabelQueueRabbitMQHook",
-    "babelqueue_sqs": "airflow_provider_babelqueue.hooks.sqs.BabelQueueSqsHook",
-    "babelqueue_azure_service_bus": "airflow_provider_babelqueue.hooks.azure_service_bus.BabelQueueAzureServiceBusHook",
-    "babelqueue_pulsar": "airflow_provider_babelqueue.hooks.pulsar.BabelQueuePulsarHook",
-}
+#: connection type → hook class path, from the declarations in :mod:`.connection_specs`.
+HOOK_CLASSES = {spec.conn_type: spec.hook_class for spec in CONNECTION_SPECS}
 
 
 def default_sqlite_path() -> Path:
     """The embedded default queue database: ``$AIRFLOW_HOME/babelqueue.sqlite``."""
+    from pathlib import Path
+
     return Path(os.environ.get("AIRFLOW_HOME", "~/airflow")).expanduser() / "babelqueue.sqlite"
 
 
@@ -51,6 +50,8 @@ def get_hook(babelqueue_conn_id: str = DEFAULT_CONN_ID) -> BabelQueueHook:
     """
     from airflow.sdk import BaseHook
     from airflow.sdk.exceptions import AirflowNotFoundException
+
+    from ..core.errors import BindingError
 
     try:
         connection = BaseHook.get_connection(babelqueue_conn_id)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from airflow.sdk import Connection
 
 from ..bindings.base import Binding
-from .base import BabelQueueHook, ConnectionConfigError, as_bool, as_float, as_int, make_config
+from .base import BabelQueueHook, ConnectionConfigError, make_config
+from .connection_specs import AZURE_SERVICE_BUS
 
 __all__ = ["BabelQueueAzureServiceBusHook"]
 
@@ -18,25 +19,13 @@ class BabelQueueAzureServiceBusHook(BabelQueueHook):
     Fields: password = a namespace connection string (SAS key or token), or host = the fully qualified
     namespace (``contoso.servicebus.windows.net``) to authenticate with ``DefaultAzureCredential`` (workload or
     managed identity, environment, Azure CLI), which production should prefer. One of the two, not both.
-    Extras: ``native_dead_letter`` (true), ``dead_letter_queue_suffix`` (a plain DLQ read too, ``.dlq`` for the
-    SDKs' apps), ``create_queues`` (false), ``lock_duration`` and ``max_delivery_count`` (for created queues),
-    ``min_receive_wait`` (0.2), ``duplicate_detection`` (the queues drop repeated MessageIds: retries get their
-    own), ``use_websockets`` and ``connection_verify`` (a CA bundle path).
+    The extras (native or plain dead-lettering, queue creation and the settings of created queues, receive
+    wait, duplicate detection, WebSockets, CA bundle) are declared in
+    :data:`~airflow_provider_babelqueue.hooks.connection_specs.AZURE_SERVICE_BUS` and go to the config as they
+    are.
     """
 
-    conn_type: ClassVar[str] = "babelqueue_azure_service_bus"
-    hook_name: ClassVar[str] = "BabelQueue Azure Service Bus"
-    extra_fields: ClassVar[tuple[str, ...]] = (
-        "native_dead_letter",
-        "dead_letter_queue_suffix",
-        "create_queues",
-        "lock_duration",
-        "max_delivery_count",
-        "min_receive_wait",
-        "duplicate_detection",
-        "use_websockets",
-        "connection_verify",
-    )
+    connection_spec = AZURE_SERVICE_BUS
 
     def build_binding(self, connection: Connection, extras: dict[str, Any]) -> Binding:
         from ..bindings.azure_service_bus import AzureServiceBusBinding, AzureServiceBusConfig
@@ -49,20 +38,9 @@ class BabelQueueAzureServiceBusHook(BabelQueueHook):
         options: dict[str, Any] = {
             "connection_string": connection.password or None,
             "fully_qualified_namespace": connection.host or None,
+            **self.config_options(extras),
         }
-        for name in ("dead_letter_queue_suffix", "connection_verify"):
-            if name in extras:
-                options[name] = str(extras[name])
-        for name in ("native_dead_letter", "create_queues", "duplicate_detection", "use_websockets"):
-            if name in extras:
-                options[name] = as_bool(extras[name], name)
-        for name in ("lock_duration", "min_receive_wait"):
-            if name in extras:
-                options[name] = as_float(extras[name], name)
-        if "max_delivery_count" in extras:
-            options["max_delivery_count"] = as_int(extras["max_delivery_count"], "max_delivery_count")
-        config = make_config(AzureServiceBusConfig, connection, options)
-        return AzureServiceBusBinding(config)
+        return AzureServiceBusBinding(make_config(AzureServiceBusConfig, connection, options))
 
     def describe(self, connection: Connection) -> str:
         """The namespace host, never the connection string's key."""

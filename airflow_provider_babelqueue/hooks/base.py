@@ -4,6 +4,11 @@ Hooks are thin: connection → allowlisted extras → typed config → binding. 
 connection or build a client in ``__init__`` (DAG files are parsed constantly); the binding is created
 on first use and closed by :meth:`BabelQueueHook.close`.
 
+Extras: each hook points at its :class:`~airflow_provider_babelqueue.hooks.fields.ConnectionSpec`, which names
+every extra it reads and its kind. :func:`read_extras` reads those extras by name and converts each by its kind,
+so a hook's :meth:`~BabelQueueHook.build_binding` keeps only what is particular to its broker (which standard
+field means what, URLs, rules that join two fields).
+
 Secrets: Airflow masks a connection's password and extras with sensitive names (``aws_session_token``) in
 logs by itself. It cannot know about secrets inside other values: the password in a URL's userinfo
 (``sqlalchemy_url``, ``endpoint_url``, ``admin_url``, a host given as a URL) or the key inside an Azure
@@ -22,6 +27,8 @@ from urllib.parse import quote, quote_plus
 from airflow.sdk import BaseHook, Connection
 
 from ..bindings.base import Binding, url_password
+from ..core.errors import BabelQueueError
+from .fields import ConnectionSpec, Extra
 
 __all__ = [
     "BabelQueueHook",
@@ -30,7 +37,9 @@ __all__ = [
     "as_float",
     "as_int",
     "connection_secrets",
+    "convert_extra",
     "make_config",
+    "read_extras",
     "scrub",
 ]
 
@@ -47,11 +56,16 @@ _MIN_SCRUBBED = 4
 T = TypeVar("T")
 
 
-class ConnectionConfigError(ValueError):
-    """A connection field or extra has a value the hook cannot use; the message names the field."""
+class ConnectionConfigError(BabelQueueError, ValueError):
+    """A connection field or extra has a value the hook cannot use; the message names the field.
+
+    A :class:`ValueError` too: it describes a bad value, and callers that caught ``ValueError`` keep working.
+    """
 
 
 def as_bool(value: Any, field: str) -> bool:
+    """True or false from an extra (a JSON boolean or number, or text such as ``yes``/``off``), or an error naming
+    the extra."""
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "1", "yes", "on", "false", "0", "no", "off", ""):
@@ -62,6 +76,7 @@ def as_bool(value: Any, field: str) -> bool:
 
 
 def as_float(value: Any, field: str) -> float:
+    """A number >= 0 from an extra (a JSON number or its text), or an error naming the extra."""
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -77,6 +92,52 @@ def as_int(value: Any, field: str) -> int:
     if not number.is_integer():
         raise ConnectionConfigError(f"extra {field!r} must be a whole number, got {value!r}")
     return int(number)
+
+
+def _as_choice(extra: Extra, value: Any) -> str:
+    """One of an enum's ``choices`` (any case, or an alias), or an error that lists them."""
+    text = str(value).strip().lower()
+    text = extra.aliases.get(text, text)
+    for choice in extra.choices:
+        if text == choice.lower():
+            return choice
+    quoted = [repr(choice) for choice in extra.choices]
+    allowed = f"{', '.join(quoted[:-1])} or {quoted[-1]}" if len(quoted) > 1 else quoted[0]
+    raise ConnectionConfigError(f"extra {extra.name!r} must be {allowed}, got {value!r}")
+
+
+_CONVERTERS: dict[str, Callable[[Any, str], Any]] = {
+    "str": lambda value, _: str(value),
+    "path": lambda value, _: str(value),
+    "bool": as_bool,
+    "int": as_int,
+    "float": as_float,
+}
+
+
+def convert_extra(extra: Extra, value: Any) -> Any:
+    """``value`` as ``extra``'s kind says, or a :class:`ConnectionConfigError` that names the extra.
+
+    Converting a converted value changes nothing, so helpers may take raw or converted extras alike.
+    """
+    if extra.kind == "enum":
+        return _as_choice(extra, value)
+    try:
+        return _CONVERTERS[extra.kind](value, extra.name)
+    except ConnectionConfigError:
+        if not extra.must:
+            raise
+        raise ConnectionConfigError(f"extra {extra.name!r} must be {extra.must}, got {value!r}") from None
+
+
+def read_extras(declared: Iterable[Extra], extras: Mapping[str, Any]) -> dict[str, Any]:
+    """Each declared extra present in ``extras`` (and not empty), converted by its kind; nothing else.
+
+    :param declared: the extras a connection type reads (its spec's ``extras``): the allowlist, by name.
+    :param extras: raw extras, e.g. :meth:`BabelQueueHook.extras`; keys not declared are never looked at.
+    """
+    return {extra.name: convert_extra(extra, extras[extra.name]) for extra in declared
+            if extras.get(extra.name) not in (None, "")}
 
 
 def make_config(config_class: Callable[..., T], connection: Connection, options: Mapping[str, Any]) -> T:
@@ -141,10 +202,19 @@ class BabelQueueHook(BaseHook, abc.ABC):
 
     conn_name_attr = "babelqueue_conn_id"
     default_conn_name = "babelqueue_default"
+    #: The connection type this hook serves, declared once; ``conn_type``, ``hook_name`` and ``extra_fields``
+    #: are read from it when a subclass is defined.
+    connection_spec: ClassVar[ConnectionSpec]
     conn_type: ClassVar[str] = ""
     hook_name: ClassVar[str] = ""
     #: The only extras read from the connection; anything else in ``extra`` is ignored.
     extra_fields: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        spec = cls.__dict__.get("connection_spec")
+        if spec is not None:
+            cls.conn_type, cls.hook_name, cls.extra_fields = spec.conn_type, spec.hook_name, spec.extra_names
 
     def __init__(self, babelqueue_conn_id: str = default_conn_name, *, connection: Connection | None = None) -> None:
         super().__init__()
@@ -156,7 +226,7 @@ class BabelQueueHook(BaseHook, abc.ABC):
 
     @abc.abstractmethod
     def build_binding(self, connection: Connection, extras: dict[str, Any]) -> Binding:
-        """Make the binding from the connection fields and the allowlisted extras."""
+        """Make the binding from the connection fields and the allowlisted extras (see :meth:`config_options`)."""
 
     def describe(self, connection: Connection) -> str:
         """Where the connection points, without secrets (used in messages)."""
@@ -180,6 +250,11 @@ class BabelQueueHook(BaseHook, abc.ABC):
                     out[name] = raw[key]
                     break
         return out
+
+    def config_options(self, extras: Mapping[str, Any]) -> dict[str, Any]:
+        """The converted extras that go to the binding config under their own names (``to_config``)."""
+        declared = [extra for extra in self.connection_spec.extras if extra.to_config]
+        return read_extras(declared, extras)
 
     def get_binding(self) -> Binding:
         """The binding for this connection, created on first use and reused afterwards.

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from airflow.sdk import Connection
 
 from ..bindings.base import Binding
-from .base import BabelQueueHook, ConnectionConfigError, as_bool, as_float, as_int, make_config
+from .base import BabelQueueHook, ConnectionConfigError, make_config
+from .connection_specs import SQS
 
 __all__ = ["BabelQueueSqsHook"]
 
@@ -17,28 +18,12 @@ class BabelQueueSqsHook(BabelQueueHook):
 
     Fields: login = AWS access key id, password = secret access key. Leave both empty to use the default
     credential chain (environment, profile, instance or task role), which production should prefer.
-    Extras: ``region_name``, ``endpoint_url`` (VPC endpoint, LocalStack, moto), ``aws_session_token``,
-    ``role_arn`` (assumed through STS), ``fifo_group_id``, ``content_based_dedup``, ``dead_letter_suffix``
-    (``-failed``), ``max_message_bytes`` (262144), ``include_in_flight_in_depth``, ``create_queues`` (true),
-    ``visibility_timeout`` and ``wait_time_seconds``.
+    The extras (region, endpoint, session token, role to assume, FIFO settings, DLQ suffix, size limit, depth,
+    queue creation, visibility and long-poll times) are declared in
+    :data:`~airflow_provider_babelqueue.hooks.connection_specs.SQS` and go to the config as they are.
     """
 
-    conn_type: ClassVar[str] = "babelqueue_sqs"
-    hook_name: ClassVar[str] = "BabelQueue Amazon SQS"
-    extra_fields: ClassVar[tuple[str, ...]] = (
-        "region_name",
-        "endpoint_url",
-        "aws_session_token",
-        "role_arn",
-        "fifo_group_id",
-        "content_based_dedup",
-        "dead_letter_suffix",
-        "max_message_bytes",
-        "include_in_flight_in_depth",
-        "create_queues",
-        "visibility_timeout",
-        "wait_time_seconds",
-    )
+    connection_spec = SQS
 
     def build_binding(self, connection: Connection, extras: dict[str, Any]) -> Binding:
         from ..bindings.sqs import SqsBinding, SqsConfig
@@ -49,21 +34,9 @@ class BabelQueueSqsHook(BabelQueueHook):
                 "the default AWS credential chain"
             )
         options: dict[str, Any] = {"aws_access_key_id": connection.login or None,
-                                   "aws_secret_access_key": connection.password or None}
-        for name in ("region_name", "endpoint_url", "aws_session_token", "role_arn", "fifo_group_id",
-                     "dead_letter_suffix"):
-            if name in extras:
-                options[name] = str(extras[name])
-        for name in ("content_based_dedup", "include_in_flight_in_depth", "create_queues"):
-            if name in extras:
-                options[name] = as_bool(extras[name], name)
-        for name in ("max_message_bytes", "wait_time_seconds"):
-            if name in extras:
-                options[name] = as_int(extras[name], name)
-        if "visibility_timeout" in extras:
-            options["visibility_timeout"] = as_float(extras["visibility_timeout"], "visibility_timeout")
-        config = make_config(SqsConfig, connection, options)
-        return SqsBinding(config)
+                                   "aws_secret_access_key": connection.password or None,
+                                   **self.config_options(extras)}
+        return SqsBinding(make_config(SqsConfig, connection, options))
 
     def describe(self, connection: Connection) -> str:
         extras = self.extras(connection)
