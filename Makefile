@@ -1,5 +1,5 @@
 # The two commands: `make demo` and `make test`. Everything else is a helper they use.
-.PHONY: demo verdicts docs test bench bootstrap services lock lint clean
+.PHONY: demo verdicts docs test bench bootstrap services lock lint typecheck clean
 
 CONFORMANCE ?= ../shared/conformance
 
@@ -27,7 +27,11 @@ services:
 	bash .ci/services.sh
 
 lint: bootstrap
-	.venv/bin/ruff check airflow_provider_babelqueue tests benchmarks dags
+	.venv/bin/ruff check airflow_provider_babelqueue tests benchmarks dags tools
+
+# mypy over the package; configuration in pyproject.toml (strict on core/ and bindings/base).
+typecheck: bootstrap
+	.venv/bin/mypy
 
 # Re-pin requirements/ci.lock after changing dependencies in pyproject.toml.
 lock: bootstrap

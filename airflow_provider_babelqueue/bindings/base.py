@@ -244,7 +244,10 @@ class DeadLetterPipeline(Protocol):
     ``ack_many`` (a batch reserved and not acked comes back after the visibility timeout).
     """
 
-    binding: Binding
+    @property
+    def binding(self) -> Binding:
+        """The binding the pipeline's reservations belong to (to release them through)."""
+        ...
 
     @property
     def reservations_in_flight(self) -> int:
@@ -260,7 +263,8 @@ class DeadLetterPipeline(Protocol):
         ...
 
     def ack(self, batch: PipelinedBatch, start: int, stop: int) -> None:
-        """Send the ack of reservations ``start``..``stop`` - 1 of ``batch`` without waiting for its reply."""
+        """Send the ack of reservations ``start``..``stop`` - 1 of ``batch`` (one this pipeline's :meth:`receive`
+        returned) without waiting for its reply."""
         ...
 
     def finish(self) -> None:

@@ -78,7 +78,7 @@ class MemoryBinding(Binding):
                 self._promote(queue_name, now)
                 source = (self._dead if dead else self._ready).get(queue_name)
                 if source:
-                    taken = []
+                    taken: list[ReceivedMessage] = []
                     while source and len(taken) < limit:
                         stored = source.popleft()
                         stored.deliveries += 1

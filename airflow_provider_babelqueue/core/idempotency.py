@@ -18,7 +18,7 @@ store without them.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
@@ -132,7 +132,7 @@ class IdempotencyGuard:
     def __init__(self, store: SeenStore) -> None:
         self.store = store
 
-    def process(self, envelope: Mapping[str, Any], handler: Callable[[Mapping[str, Any]], Any]) -> Effect:
+    def process(self, envelope: dict[str, Any], handler: Callable[[dict[str, Any]], Any]) -> Effect:
         """Run ``handler(envelope)`` unless its ``meta.id`` was handled before.
 
         Exceptions from the handler propagate and the id stays unmarked.

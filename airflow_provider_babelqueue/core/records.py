@@ -82,8 +82,8 @@ def _json_default(value: Any) -> Any:
 
 def native_reason_of(message: DrainedMessage) -> str | None:
     """The broker's own dead-letter reason (e.g. RabbitMQ ``x-first-death-reason``), when it gave one."""
-    reason = getattr(message, "native_reason", None)
-    if reason is None and message.headers:
+    reason = None
+    if message.headers:
         headers = message.headers
         for name in _NATIVE_REASON_HEADERS:
             value = headers.get(name)
@@ -187,7 +187,7 @@ class RecordTemplate:
         decodes to a JSON object, else ``""``. One tight loop, no per-message objects."""
         loads, dumps, invalid = orjson.loads, orjson.dumps, (orjson.JSONDecodeError, UnicodeDecodeError)
         head, middle, tail = self._head, self._utf8, b',"delivery_count":null' + self._tail + stamp
-        out = []
+        out: list[bytes] = []
         append = out.append
         for raw in raws:
             try:

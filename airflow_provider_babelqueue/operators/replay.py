@@ -6,7 +6,6 @@ operator resolves connections, lists object-storage replay sets through ``Object
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from typing import IO, TYPE_CHECKING, Any
@@ -15,6 +14,7 @@ from airflow.sdk import BaseOperator, Context
 
 from ..bindings.base import Binding
 from ..engine import replay as engine
+from ..engine.logs import Log
 from ..engine.replay import (
     BYPASS_HEADER,
     FileList,
@@ -56,7 +56,7 @@ def _opener(path: ObjectStoragePath) -> Callable[[], IO[bytes]]:
     return lambda: path.open("rb")
 
 
-def iter_replay_set(replay_set: str, log: logging.Logger | logging.LoggerAdapter | None = None,
+def iter_replay_set(replay_set: str, log: Log | None = None,
                     ) -> Iterator[Item | str]:
     """:func:`airflow_provider_babelqueue.replay.iter_replay_set`, with URLs read through ``ObjectStoragePath``."""
     return engine.iter_replay_set(replay_set, log, url_files=object_storage_files)

@@ -48,7 +48,8 @@ def message_fields(envelope: Mapping[str, Any]) -> dict[str, str]:
     URN, correlation_id = trace_id, message_id = meta.id, content_type ``application/json``. An id Service
     Bus would refuse (empty, not a string, over 128 characters) is left out rather than sent broken; the
     body stays authoritative."""
-    meta = envelope.get("meta") if isinstance(envelope.get("meta"), Mapping) else {}
+    raw_meta = envelope.get("meta")
+    meta: Mapping[str, Any] = raw_meta if isinstance(raw_meta, Mapping) else {}
     out = {"content_type": "application/json"}
     for name, value, limit in (
         ("subject", bq.urn_of(envelope), None),
@@ -64,14 +65,17 @@ def application_properties(envelope: Mapping[str, Any]) -> dict[str, int | str]:
     """The ``bq-*`` application properties as native AMQP values (conformance
     ``asb.property_projection.application_properties``): ``bq-schema-version`` and ``bq-created-at`` stay
     integers (a number sent as a string would not filter as one), ``bq-source-lang`` a string."""
-    meta = envelope.get("meta") if isinstance(envelope.get("meta"), Mapping) else {}
+    raw_meta = envelope.get("meta")
+    meta: Mapping[str, Any] = raw_meta if isinstance(raw_meta, Mapping) else {}
     out: dict[str, int | str] = {}
     for name, value, kind in (
         ("bq-schema-version", meta.get("schema_version"), int),
         ("bq-source-lang", meta.get("lang"), str),
         ("bq-created-at", meta.get("created_at"), int),
     ):
-        if value.__class__ is kind and (kind is int and -(2**63) <= value < 2**63 or kind is str and value):
+        # value's class is exactly kind here, so isinstance tells int from str as `kind is` would
+        if value.__class__ is kind and (isinstance(value, int) and -(2**63) <= value < 2**63
+                                        or isinstance(value, str) and value):
             out[name] = value
     return out
 

@@ -107,7 +107,8 @@ def message_properties(envelope: Mapping[str, Any]) -> dict[str, str]:
     field that is missing, or not of its kind (a string field that is empty, a number that is not an
     integer), is left out rather than sent broken: the body stays authoritative.
     """
-    meta = envelope.get("meta") if isinstance(envelope.get("meta"), Mapping) else {}
+    raw_meta = envelope.get("meta")
+    meta: Mapping[str, Any] = raw_meta if isinstance(raw_meta, Mapping) else {}
     out: dict[str, str] = {}
     for name, value in (
         ("bq-job", bq.urn_of(envelope)),

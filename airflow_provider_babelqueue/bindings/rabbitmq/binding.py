@@ -201,11 +201,12 @@ class RabbitMQBinding(Binding):
                     f"this worker and that TLS is {'on' if c.ssl else 'off'} on the server too"
                 )
             else:
-                hint = {
+                hints = {
                     406: "the queue exists with other arguments or type; use another name or declare it alike",
                     404: "the queue does not exist; create it, or set declare_queues=True",
                     403: "the user lacks configure/write/read permission on this queue",
-                }.get(code, "")
+                }
+                hint = hints.get(code, "") if isinstance(code, int) else ""  # reply_code may be absent (None)
                 hint = hint or (
                     "the broker returned the message: the queue does not exist (deleted meanwhile?)"
                     if isinstance(exc, errors.UnroutableError)

@@ -53,7 +53,8 @@ def amqp_properties(
     table = {str(k): v for k, v in (headers or {}).items() if not str(k).startswith((MIRROR, *_BROKER_HEADERS))}
     props: dict[str, Any] = {"content_type": "application/json", "delivery_mode": 2}
     if env is not None:
-        meta = env.get("meta") if isinstance(env.get("meta"), Mapping) else {}
+        raw_meta = env.get("meta")
+        meta: Mapping[str, Any] = raw_meta if isinstance(raw_meta, Mapping) else {}
         props["content_encoding"] = "utf-8"
         for name, value in (
             ("type", bq.urn_of(env)),

@@ -368,7 +368,8 @@ class RedisBinding(Binding):
         re-run recognises)."""
         from .stores import RedisSeenStore
 
-        if not bodies or not all(isinstance(store, RedisSeenStore) and store.binding is self for store, _ in marks):
+        own = [(store, keys) for store, keys in marks if isinstance(store, RedisSeenStore) and store.binding is self]
+        if not bodies or len(own) < len(marks):
             return False
         key = self._key(queue_name)
         check_sizes(bodies, self.config.max_message_bytes, f"Redis list {key!r}", "Redis's proto-max-bulk-len")
@@ -377,7 +378,7 @@ class RedisBinding(Binding):
                 pipe = self.client.pipeline(transaction=True)
                 for start in range(0, len(bodies), _CHUNK):
                     pipe.rpush(key, *(bytes(b) for b in bodies[start:start + _CHUNK]))
-                for store, keys in marks:
+                for store, keys in own:
                     store.queue_adds(pipe, keys)
                 pipe.execute()
         except BindingError as exc:

@@ -12,7 +12,7 @@ import secrets
 from collections import deque
 from typing import Any
 
-from ..base import BindingError, ReceivedMessage
+from ..base import BindingError, PipelinedBatch, ReceivedMessage
 from .binding import MANY_CHUNK, DeadLetterBatch, RedisBinding, as_bytes
 from .scripts import ACK_HEAD, RESERVE_MANY, SWEEP_BATCH
 
@@ -68,10 +68,13 @@ class RedisDeadLetterPipeline:
         self._pending.append(("reserve", stem, want))
         return want
 
-    def ack(self, batch: DeadLetterBatch, start: int, stop: int) -> None:
-        """Send the ack of reservations ``start``..``stop`` - 1 of ``batch`` without waiting. Acks are sent in
-        reservation order, so they are the head of the processing list (the fast script's case)."""
+    def ack(self, batch: PipelinedBatch, start: int, stop: int) -> None:
+        """Send the ack of reservations ``start``..``stop`` - 1 of ``batch`` (one :meth:`receive` returned)
+        without waiting. Acks are sent in reservation order, so they are the head of the processing list (the
+        fast script's case)."""
         if stop > start:
+            if not isinstance(batch, DeadLetterBatch):
+                raise TypeError(f"the drain pipeline of {self.source!r} acks only the batches it received")
             self._send("ack reservations", "EVALSHA", self._ack_sha, 2, self._keys[1], self._keys[2],
                        batch.tokens(start, stop))
             self._pending.append(("ack", batch, start, stop))

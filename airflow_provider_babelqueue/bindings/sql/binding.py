@@ -257,7 +257,8 @@ class SqlBinding(Binding):
                 try:
                     yield conn
                 except BaseException:
-                    if conn.connection.driver_connection.in_transaction:  # some errors end it already
+                    driver = conn.connection.driver_connection  # None once invalidated: nothing to roll back
+                    if driver is not None and driver.in_transaction:  # some errors end it already
                         conn.exec_driver_sql("ROLLBACK")
                     raise
                 conn.exec_driver_sql("COMMIT")
@@ -368,10 +369,11 @@ class SqlBinding(Binding):
         binding's database (see :meth:`Binding.publish_remembering`)."""
         from .stores import SqlSeenStore
 
-        if not bodies or not all(isinstance(store, SqlSeenStore) and store.binding is self for store, _ in marks):
+        own = [(store, keys) for store, keys in marks if isinstance(store, SqlSeenStore) and store.binding is self]
+        if not bodies or len(own) < len(marks):
             return False
         check_sizes(bodies, self.config.max_message_bytes, f"{self.config.table} ({queue_name!r})")
-        for store, _ in marks:
+        for store, _ in own:
             store.ensure()
         now = time.time()
         rows = [self._row(body, queue_name, now) for body in bodies]
@@ -379,7 +381,7 @@ class SqlBinding(Binding):
             with self._guard("publish a batch and remember it", queue_name), self._write() as conn:
                 for start in range(0, len(rows), _BATCH_CHUNK):
                     conn.execute(sa.insert(self._ready), rows[start : start + _BATCH_CHUNK])
-                for store, keys in marks:
+                for store, keys in own:
                     store.insert_keys(conn, keys)
         except BindingError as exc:
             raise PublishBatchError(f"{exc} (the transaction rolled back: none was stored)", range(len(rows))) from exc

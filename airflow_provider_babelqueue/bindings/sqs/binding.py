@@ -93,7 +93,9 @@ class SqsBinding(Binding):
         return self._client
 
     def _make_client(self) -> Any:
-        cfg, botocore = self.config, base.require_extra("botocore.credentials", "sqs")
+        cfg = self.config
+        # annotated: a base class below, which mypy must resolve before it infers the tuple form's types
+        botocore: Any = base.require_extra("botocore.credentials", "sqs")
         session = self._boto3.session.Session(
             aws_access_key_id=cfg.aws_access_key_id,
             aws_secret_access_key=cfg.aws_secret_access_key,

@@ -57,7 +57,8 @@ def message_attributes(envelope: Mapping[str, Any]) -> dict[str, dict[str, str]]
     """The six ``bq-*`` MessageAttributes of an envelope (conformance ``sqs.attribute_projection``): ids and
     strings are ``String``, schema version and creation time ``Number``. A field that is missing, or in a
     form SQS would refuse (empty, not an integer), is left out rather than sent broken."""
-    meta = envelope.get("meta") if isinstance(envelope.get("meta"), Mapping) else {}
+    raw_meta = envelope.get("meta")
+    meta: Mapping[str, Any] = raw_meta if isinstance(raw_meta, Mapping) else {}
     out: dict[str, dict[str, str]] = {}
     for name, value, kind in (
         ("bq-job", bq.urn_of(envelope), "String"),

@@ -25,6 +25,7 @@ from typing import Any
 
 from ...bindings.base import Binding, DeadLetterPipeline, ReceivedMessage
 from ...core.records import RecordTemplate, drain_record
+from ..logs import Log
 from .pipelined import Piped, move_pipelined
 from .sinks import Sink
 
@@ -72,7 +73,7 @@ def template_for(source: DrainSource) -> RecordTemplate:
 
 
 def _give_back(binding: Binding, messages: Sequence[ReceivedMessage],
-               log: logging.Logger | logging.LoggerAdapter) -> None:
+               log: Log) -> None:
     """Give reserved dead letters back to their DLQ unchanged (``release_many``); a failure is logged, not
     raised: each of them returns after the binding's visibility timeout anyway."""
     if not messages:
@@ -109,7 +110,7 @@ class _Drain:
 
     def __init__(self, sink: Sink, *, mode: str, max_messages: int | None, max_bytes: int | None,
                  reserve_timeout: float, batch_records: int, batch_bytes: int, progress_every: int,
-                 log: logging.Logger | logging.LoggerAdapter) -> None:
+                 log: Log) -> None:
         self.sink, self.mode, self.log = sink, mode, log
         self.max_messages, self.max_bytes = max_messages, max_bytes
         self.reserve_timeout = reserve_timeout
@@ -448,7 +449,7 @@ def drain_dead_letters(
     batch_records: int = 1000,
     batch_bytes: int = 8 * 1024 * 1024,
     progress_every: int = 10_000,
-    log: logging.Logger | logging.LoggerAdapter | None = None,
+    log: Log | None = None,
 ) -> DrainResult:
     """Copy (``browse``) or move (``move``) dead letters of each source into ``sink``, in order.
 

@@ -64,13 +64,19 @@ class LocalFileSink:
                                   "a file (give a folder, or a new file name)") from None
         _fsync_dir(parent)
 
+    def _open_fd(self) -> int:
+        if self._fd is None:
+            raise ValueError(f"drain file {self.location} is closed already")
+        return self._fd
+
     def write(self, data: bytes) -> None:
+        fd = self._open_fd()
         view = memoryview(data)
         while view:
-            view = view[os.write(self._fd, view):]
+            view = view[os.write(fd, view):]
 
     def sync(self) -> None:
-        os.fsync(self._fd)
+        os.fsync(self._open_fd())
 
     def close(self) -> None:
         if self._fd is not None:
@@ -107,11 +113,16 @@ class StreamSink:
         self.location = location
         self._stream: IO[bytes] | None = opener()
 
+    def _open_stream(self) -> IO[bytes]:
+        if self._stream is None:
+            raise ValueError(f"drain stream {self.location} is closed already")
+        return self._stream
+
     def write(self, data: bytes) -> None:
-        self._stream.write(data)
+        self._open_stream().write(data)
 
     def sync(self) -> None:
-        self._stream.flush()
+        self._open_stream().flush()
 
     def close(self) -> None:
         if self._stream is not None:

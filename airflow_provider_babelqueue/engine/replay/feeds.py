@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from ...bindings.base import Binding
 from ...core.records import parse_replay_line
+from ..logs import Log
 from .replayer import Item, Replayer
 
 __all__ = [
@@ -67,22 +68,27 @@ def skip_part(name: str) -> bool:
     return name.startswith(("_", ".")) or name.endswith(".crc")
 
 
+def _file_opener(path: str) -> Callable[[], IO[bytes]]:
+    """Opens ``path`` for binary reading when called."""
+    return lambda: open(path, "rb")
+
+
 def local_files(replay_set: str) -> FileList:
     """Files of a local replay set: one file, or every file under a folder (sorted; ``_SUCCESS``, hidden and
     ``.crc`` files skipped, as Spark writes them)."""
     root = os.path.expanduser(replay_set)
     if os.path.isdir(root):
-        found = []
+        found: list[str] = []
         for folder, dirs, names in os.walk(root):
             dirs[:] = sorted(d for d in dirs if not skip_part(d))
             found.extend(os.path.join(folder, n) for n in sorted(names) if not skip_part(n))
-        return [(path, (lambda p=path: open(p, "rb"))) for path in found]
+        return [(path, _file_opener(path)) for path in found]
     if not os.path.exists(root):
         raise FileNotFoundError(f"replay set {replay_set} does not exist")
     return [(root, lambda: open(root, "rb"))]
 
 
-def iter_replay_set(replay_set: str, log: logging.Logger | logging.LoggerAdapter | None = None, *,
+def iter_replay_set(replay_set: str, log: Log | None = None, *,
                     url_files: Callable[[str], FileList] | None = None) -> Iterator[Item | str]:
     """Items of a replay set, or the string ``"unreadable_line"`` for a line that cannot be used (a torn
     last line after a crash, a foreign record version). ``.gz`` files are decompressed.
@@ -100,7 +106,7 @@ def iter_replay_set(replay_set: str, log: logging.Logger | logging.LoggerAdapter
         files = url_files(replay_set)
     for name, opener in files:
         with opener() as raw:
-            stream: IO[bytes] = gzip.GzipFile(fileobj=raw) if name.endswith(".gz") else raw
+            stream: IO[bytes] | gzip.GzipFile = gzip.GzipFile(fileobj=raw) if name.endswith(".gz") else raw
             for number, line in enumerate(stream, 1):
                 try:
                     parsed = parse_replay_line(line)

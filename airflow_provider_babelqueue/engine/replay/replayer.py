@@ -52,6 +52,7 @@ from ...bindings.base import Binding, NotSupportedError, PublishBatchError, Rece
 from ...core import envelope as bq
 from ...core.errors import EnvelopeDecodeError, EnvelopeEncodeError
 from ...core.idempotency import SeenStore, remember_many, seen_many
+from ..logs import Log
 from .selection import Selection, nonblank, original_queue_of
 
 __all__ = ["BYPASS_HEADER", "Item", "ReplayResult", "Replayer", "copy_digest"]
@@ -177,7 +178,7 @@ class Replayer:
         max_messages_per_second: float | None = None,
         batch_size: int = 500,
         progress_every: int = 1000,
-        log: logging.Logger | logging.LoggerAdapter | None = None,
+        log: Log | None = None,
     ) -> None:
         self.target, self.ledger_binding, self.ledger_name = target, ledger_binding, ledger_name
         self.target_queue_name, self.source = target_queue_name, source
@@ -223,6 +224,12 @@ class Replayer:
         if self.max_messages is not None:
             room = min(room, self.max_messages - self.planned - len(self._candidates))
         return max(room, 1)
+
+    def _source(self) -> Binding:
+        """The binding the fed reservations belong to; items carry reservations only when it is given."""
+        if self.source is None:
+            raise ValueError("dead letters were fed with their reservations, but no source binding was given")
+        return self.source
 
     # -- ledger
 
@@ -378,7 +385,8 @@ class Replayer:
         if self.source is self.target and all(entry.message is not None for entry in chunk):
             # Safe to ack the duplicates with this batch: the copy each duplicates is in the ledger already, or
             # in this run (published here or earlier, or still reserved in the DLQ until its own batch).
-            acks = [entry.message for entry in chunk] + [message for _, message in self._duplicate_acks]
+            acks = [entry.message for entry in chunk if entry.message is not None]
+            acks += [message for _, message in self._duplicate_acks]
             if self.target.publish_acking(bodies, queue_name, acks, headers=self.headers):
                 self._duplicate_acks.clear()
                 return False, True
@@ -417,7 +425,7 @@ class Replayer:
             for entry in entries:
                 entry.message = None
         elif messages:
-            self.source.ack_many(messages)
+            self._source().ack_many(messages)
             for entry in entries:
                 entry.message = None
         self._count(queue_name, len(entries))
@@ -447,7 +455,7 @@ class Replayer:
                 self._pending_count -= len(chunk)
             del self._pending[queue_name]
         if self._duplicate_acks:
-            self.source.ack_many([message for _, message in self._duplicate_acks])
+            self._source().ack_many([message for _, message in self._duplicate_acks])
             self._duplicate_acks.clear()
 
     def finish(self) -> None:
@@ -474,7 +482,7 @@ class Replayer:
         if not held:
             return
         try:
-            self.source.release_many(held)
+            self._source().release_many(held)
         except Exception:  # noqa: BLE001 - they return after the binding's visibility timeout anyway
             self.log.exception("could not release %d dead letters of %r; they return to the DLQ after the "
                                "binding's visibility timeout", len(held), held[0].queue_name)
