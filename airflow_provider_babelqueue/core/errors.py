@@ -5,11 +5,11 @@ the whole family in one ``except``::
 
     BabelQueueError
     ├── EnvelopeError (also ValueError): InvalidEnvelopeError, EnvelopeEncodeError, EnvelopeDecodeError
-    └── BindingError: NotSupportedError, MissingExtraError (also ImportError), PublishBatchError
+    ├── BindingError: NotSupportedError, MissingExtraError (also ImportError), PublishBatchError
+    └── ConnectionConfigError (also ValueError): a connection field or extra the hook cannot use
 
 The envelope errors are also :class:`ValueError` subclasses because they describe bad *values* (a blank URN,
-a NaN in ``data``, a body that is not JSON). The connection error of the hooks
-(``hooks.base.ConnectionConfigError``) joins the tree as a :class:`BabelQueueError` and :class:`ValueError`.
+a NaN in ``data``, a body that is not JSON); so is the hooks' :class:`ConnectionConfigError`.
 
 Pure module: standard library only.
 """
@@ -21,6 +21,7 @@ from collections.abc import Sequence
 __all__ = [
     "BabelQueueError",
     "BindingError",
+    "ConnectionConfigError",
     "EnvelopeDecodeError",
     "EnvelopeEncodeError",
     "EnvelopeError",
@@ -76,3 +77,10 @@ class PublishBatchError(BindingError):
     def __init__(self, message: str, failed: Sequence[int]) -> None:
         super().__init__(message)
         self.failed = list(failed)
+
+
+class ConnectionConfigError(BabelQueueError, ValueError):
+    """A connection field or extra has a value the hook cannot use; the message names the field.
+
+    A :class:`ValueError` too: it describes a bad value, and callers that caught ``ValueError`` keep working.
+    """

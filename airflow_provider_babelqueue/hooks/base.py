@@ -27,7 +27,7 @@ from urllib.parse import quote, quote_plus
 from airflow.sdk import BaseHook, Connection
 
 from ..bindings.base import Binding, url_password
-from ..core.errors import BabelQueueError
+from ..core.errors import ConnectionConfigError
 from .fields import ConnectionSpec, Extra
 
 __all__ = [
@@ -54,13 +54,6 @@ _MIN_SCRUBBED = 4
 
 
 T = TypeVar("T")
-
-
-class ConnectionConfigError(BabelQueueError, ValueError):
-    """A connection field or extra has a value the hook cannot use; the message names the field.
-
-    A :class:`ValueError` too: it describes a bad value, and callers that caught ``ValueError`` keep working.
-    """
 
 
 def as_bool(value: Any, field: str) -> bool:
