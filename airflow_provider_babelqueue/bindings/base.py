@@ -87,6 +87,8 @@ class ReceivedMessage:
     :ivar headers: broker headers / properties (empty where the broker carries none).
     :ivar receipt: the binding's handle for ack/release/dead_letter; opaque to callers.
     :ivar from_dead_letter: whether it was read from the dead-letter queue.
+    :ivar dead_letter_source: for a dead-letter read, the dead-letter queue (key, queue, table) it came from,
+        one of the binding's ``dead_letter_sources``; ``None`` where the binding does not say.
     """
 
     body: bytes
@@ -98,6 +100,7 @@ class ReceivedMessage:
     headers: Mapping[str, Any] = field(default_factory=dict)
     receipt: Any = None
     from_dead_letter: bool = False
+    dead_letter_source: str | None = None
 
     @property
     def meta_id(self) -> str:
@@ -416,8 +419,15 @@ class Binding(abc.ABC):
         self.depth("babelqueue-ping")
 
     def dead_letter_name(self, queue_name: str) -> str:
-        """Where this binding keeps the queue's dead letters (a key, queue or table name)."""
+        """Where this binding writes the queue's dead letters (a key, queue or table name): one name."""
         return f"{queue_name}:failed"
+
+    def dead_letter_sources(self, queue_name: str) -> list[str]:
+        """Every dead-letter queue read for ``queue_name``, in reading order, the written one
+        (:meth:`dead_letter_name`) first: the official SDKs' workers write ``<queue>.dlq`` where the spec says
+        ``<queue>:failed`` / ``.failed``, so reads (counts, drains, browses, redrives) take every source. A
+        source that does not exist counts as empty and is never created by a read."""
+        return [self.dead_letter_name(queue_name)]
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release broker connections this binding created (injected clients are left open)."""
