@@ -100,15 +100,18 @@ class BabelQueueReplayOperator(BaseOperator):
     :param target_conn_id: publish on this connection instead (templated; another broker is fine, e.g. SQL
         to Redis); defaults to ``source_conn_id``.
     :param target_queue_name: publish every message to this queue (templated) instead of its original one.
-    :param reasons: replay only dead letters with one of these ``dead_letter.reason`` values (templated).
+    :param reasons: replay only dead letters with one of these ``dead_letter.reason`` values (templated); one
+        without a ``dead_letter`` block counts as ``unannotated``, as in the Spark triage.
     :param urns: replay only these message URNs (templated).
     :param exception_types: replay only these ``dead_letter.exception`` types, full or last segment
         (templated).
-    :param original_queues: replay only messages whose ``dead_letter.original_queue`` (else ``meta.queue``) is
-        one of these (templated).
+    :param original_queues: replay only messages whose ``dead_letter.original_queue`` (else ``meta.queue``, else
+        the queue a drain record was drained from) is one of these (templated).
     :param min_age_seconds: replay only dead letters that failed at least this long ago (by
         ``dead_letter.failed_at``; templated), e.g. to let a fix deploy first.
     :param max_age_seconds: replay only dead letters that failed at most this long ago (templated).
+    :param max_attempts: replay only dead letters whose attempts (``dead_letter.attempts``, else ``attempts``)
+        are at most this (templated), e.g. to leave the ones that failed many times for a person to look at.
     :param max_messages: replay at most this many messages in this run (templated).
     :param dry_run: report what would be replayed and publish, remember and ack nothing (templated). A DLQ
         source is browsed where the broker can; otherwise its messages are reserved and released back
@@ -128,7 +131,8 @@ class BabelQueueReplayOperator(BaseOperator):
 
     template_fields: Sequence[str] = (
         "source_conn_id", "queue_name", "replay_set", "target_conn_id", "target_queue_name", "reasons", "urns",
-        "exception_types", "original_queues", "min_age_seconds", "max_age_seconds", "max_messages", "replay_dry_run",
+        "exception_types", "original_queues", "min_age_seconds", "max_age_seconds", "max_attempts", "max_messages",
+        "replay_dry_run",
         "ledger_conn_id", "ledger_name", "max_messages_per_second",
     )
     ui_color = "#e8ecf4"
@@ -147,6 +151,7 @@ class BabelQueueReplayOperator(BaseOperator):
         original_queues: Sequence[str] | None = None,
         min_age_seconds: float | None = None,
         max_age_seconds: float | None = None,
+        max_attempts: int | None = None,
         max_messages: int | None = None,
         dry_run: bool = False,
         replay_bypass_header: bool = False,
@@ -174,6 +179,7 @@ class BabelQueueReplayOperator(BaseOperator):
         self.original_queues = original_queues
         self.min_age_seconds = min_age_seconds
         self.max_age_seconds = max_age_seconds
+        self.max_attempts = max_attempts
         self.max_messages = max_messages
         # Not ``self.dry_run``: that name is BaseOperator's own method (Airflow calls it on every operator).
         self.replay_dry_run = dry_run
@@ -193,6 +199,7 @@ class BabelQueueReplayOperator(BaseOperator):
             original_queues=parse_names(self.original_queues, "original_queues"),
             min_age_seconds=parse_number(self.min_age_seconds, "min_age_seconds"),
             max_age_seconds=parse_number(self.max_age_seconds, "max_age_seconds"),
+            max_attempts=parse_count(self.max_attempts, "max_attempts"),
         )
         low, high = selection.min_age_seconds, selection.max_age_seconds
         if low is not None and high is not None and low > high:
