@@ -1,5 +1,5 @@
 # The two commands: `make demo` and `make test`. Everything else is a helper they use.
-.PHONY: demo verdicts docs test bench bootstrap services lock lint typecheck clean
+.PHONY: demo verdicts docs test bench bootstrap services lock lint typecheck spark-class-archive clean
 
 CONFORMANCE ?= ../shared/conformance
 
@@ -16,6 +16,10 @@ test:
 # The documentation site, strict: a broken link, anchor or include fails the build.
 docs: bootstrap
 	.venv/bin/mkdocs build --strict
+
+# The optional Spark driver class archive (docs/spark.md): one training run of the triage job on a local master.
+spark-class-archive: bootstrap
+	.venv/bin/python -m airflow_provider_babelqueue.spark.class_archive $${BABELQUEUE_SPARK_CLASS_ARCHIVE:-$$HOME/.cache/babelqueue/spark-driver.jsa}
 
 bench: bootstrap
 	.venv/bin/python benchmarks/run.py

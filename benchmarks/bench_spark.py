@@ -3,7 +3,7 @@
 For each size N: generate N drain records (``generate_dead_letters.py``, cached under ``--work``), then run
 ``spark-submit triage.py`` and ``spark-submit report.py`` exactly as a user would, and the baseline:
 ``spark_copy.py``, Spark reading the same records with triage's reader and writing them back as Parquet (same
-settings and class archive). The ratio to it says what the triage adds to Spark's own floor on this machine, which
+settings). The ratio to it says what the triage adds to Spark's own floor on this machine, which
 compares across machines better than seconds; the machine's CPU seconds during the run (user, system, I/O wait,
 steal) are printed too. Every wall time includes that job's JVM start-up. Peak RSS is the largest sum of RSS over
 the whole spark-submit process tree (launcher, JVM, Python driver, Python workers), sampled every 50 ms with psutil
@@ -13,10 +13,10 @@ not counted twice.
 Goals: 1M records ≤ 30 s wall and ≤ 2 GB peak RSS; 3M ≤ 3.3× the 1M time.
 
 The Spark settings are the jobs' recommended ones for local mode (``recommended_conf("local[2]")``, what the
-operator submits); ``--conf KEY=VALUE`` overrides one for an A/B comparison. The driver JVM uses a class-data
-archive (``spark/class_archive.py``; built under ``--work`` on first use, its build time printed), as the
-operator does with ``class_archive=``; the smallest size also runs without it, the baseline of that saving.
-``--no-class-archive`` measures everything without it.
+operator submits); ``--conf KEY=VALUE`` overrides one. ``--class-archive PATH`` adds the optional driver
+class-data archive (``spark/class_archive.py``; built there first when missing, its build time printed), as the
+operator does with ``class_archive=``; the copy then uses it too. To weigh a setting or the archive, use
+``tools/spark_startup_ab.py``, which interleaves the variants run by run.
 
 The machines this runs on change speed from one spell to the next, so ``--repeat N`` runs the triage + report and
 the copy N times at each size (interleaved: triage, copy, triage, copy ...); the table gives medians and ranges,
@@ -46,7 +46,7 @@ from generate_dead_letters import generate  # noqa: E402
 from machine import describe  # noqa: E402
 
 from airflow_provider_babelqueue.spark import job_path, recommended_conf  # noqa: E402
-from airflow_provider_babelqueue.spark.class_archive import build_class_archive  # noqa: E402
+from airflow_provider_babelqueue.spark.class_archive import build_class_archive, with_archive  # noqa: E402
 
 #: Exactly what BabelQueueSparkTriageOperator submits on a local[2] connection (the jobs' recommended settings);
 #: ``--conf KEY=VALUE`` overrides one, as the operator's ``conf`` does.
@@ -96,7 +96,7 @@ def tree_rss(tree: list[psutil.Process]) -> int:
 SAMPLE_SECONDS, TREE_SECONDS = 0.05, 1.0
 
 
-#: The Spark floor the triage is compared with (same input, settings and class archive; see its docstring).
+#: The Spark floor the triage is compared with (same input and settings; see its docstring).
 COPY_SCRIPT = str(Path(__file__).resolve().with_name("spark_copy.py"))
 
 
@@ -186,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/babelqueue-bench-spark"))
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="override one Spark setting (repeatable), e.g. --conf spark.driver.memory=768m")
-    parser.add_argument("--no-class-archive", action="store_true", help="run the driver JVM without a class archive")
+    parser.add_argument("--class-archive", type=Path, default=None, metavar="PATH",
+                        help="map this driver class-data archive (built there first when missing)")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be 1 or more")
@@ -195,13 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     plain = recommended_conf("local[2]", overrides)
     CONF.clear()
     CONF.update(plain)
-    if not args.no_class_archive:
-        archive = args.work / "spark-driver.jsa"
-        if not archive.exists():
+    if args.class_archive is not None:
+        if not args.class_archive.exists():
             started = time.perf_counter()
-            build_class_archive(archive, conf=plain)
-            print(f"  class archive built in {time.perf_counter() - started:.1f} s: {archive}", flush=True)
-        CONF.update(recommended_conf("local[2]", overrides, class_archive=str(archive)))
+            build_class_archive(args.class_archive, conf=plain)
+            print(f"  class archive built in {time.perf_counter() - started:.1f} s: {args.class_archive}", flush=True)
+        CONF.update(with_archive(plain, args.class_archive))
     sizes = [int(size) for size in args.sizes.split(",")]
     results: dict[int, dict] = {}
     for n in sizes:
@@ -239,11 +239,6 @@ def main(argv: list[str] | None = None) -> int:
                                                                               "--output", str(report_dir)])
         print(f"  {n:>9,}: report alone {result['report']:5.1f} s, peak {result['report_peak'] / 2**30:.2f} GiB",
               flush=True)
-        if n == min(sizes) and CONF != plain:
-            t_plain, _, _ = run(job_path("triage"), triage_args, plain)
-            t_triage = statistics.median(result["triage"])
-            print(f"  {n:>9,}: triage+report without the class archive {t_plain:5.1f} s "
-                  f"(the archive saves {t_plain - t_triage:.1f} s, {t_plain / t_triage:.2f}×)", flush=True)
     several = args.repeat > 1
     print(f"\n| records | input MB | triage + report (one app) s{', median (range)' if several else ''} "
           "| peak RSS GiB | report alone s | its peak GiB | rows out | Spark copy s | vs copy | time vs previous |")

@@ -1,9 +1,10 @@
 """The Spark floor under the triage benchmark: read the same drain records and write them back as Parquet.
 
-``bench_spark.py`` runs it with the same settings, class archive and input as the triage, so the ratio
-(triage + report) / copy says how much our job adds to what Spark itself needs to read these records and
-write a columnar copy on the machine at hand. That ratio travels between machines better than seconds do:
-the 2-core machines the benchmark runs on differ by a factor of up to ~2.3 from one session to the next.
+``bench_spark.py`` runs it with the same settings and input as the triage (``tools/spark_startup_ab.py`` in
+every round of its comparison), so the ratio (triage + report) / copy says how much our job adds to what Spark
+itself needs to read these records and write a columnar copy on the machine at hand. That ratio travels
+between machines better than seconds do: the 2-core machines the benchmark runs on change speed by a factor of
+two from one hour to the next.
 
 Run: ``spark-submit spark_copy.py --input <drain folder> --output <folder>`` (``bench_spark.py`` does).
 """

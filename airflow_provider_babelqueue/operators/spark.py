@@ -19,8 +19,8 @@ from typing import Any
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-from ..spark import JOBS, job_path, recommended_conf
-from ..spark.class_archive import CLASS_ARCHIVE_ENV, PY_FILES, archive_option
+from ..spark import JOBS, is_local, job_path, recommended_conf
+from ..spark.class_archive import CLASS_ARCHIVE_ENV, archive_option, with_archive
 
 __all__ = ["BabelQueueSparkTriageOperator", "package_zip"]
 
@@ -90,14 +90,12 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
     :param ship_package: zip the installed provider package and add it to ``py_files`` so cluster executors
         can import it (not needed in local mode, where the driver and executors share this Python).
     :param name: the Spark application name; default ``babelqueue-<job>``.
-    :param class_archive: local masters only: a JVM class-data archive for the driver, built once with
-        ``python -m airflow_provider_babelqueue.spark.class_archive <path>`` on the worker; it halves the JVM's
-        start-up (a missing file is logged and the job runs without it; templated). The archive belongs to the
-        worker machine (its JDK and Spark), so by default it is read from the worker's environment,
-        ``BABELQUEUE_SPARK_CLASS_ARCHIVE``, at execution: set it once per worker and every DAG uses it. The
-        compiled copies of Spark's Python zips built with it go first on the driver's Python path
-        (``spark.submit.pyFiles``, or ahead of ``py_files`` when you give those: spark-submit's ``--py-files``
-        replaces that setting).
+    :param class_archive: local masters only: a JVM class-data archive for the driver, built once per worker
+        with ``python -m airflow_provider_babelqueue.spark.class_archive <path>``; it shortens the JVM's
+        start-up (see docs/spark.md for the measured saving). A missing file is logged and the job runs without
+        it (templated). The archive belongs to the worker machine (its JDK and Spark), so by default it is read
+        from the worker's environment, ``BABELQUEUE_SPARK_CLASS_ARCHIVE``, at execution: set it once per worker
+        and every DAG uses it.
     :param env_vars: environment for spark-submit; ``PYSPARK_PYTHON`` defaults to this interpreter
         (``sys.executable``) unless given (on a cluster, give the executors' Python).
     """
@@ -198,20 +196,18 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
                           "airflow_provider_babelqueue.spark.class_archive %s` on this worker)", archive, archive)
         if self.conf is None or isinstance(self.conf, dict):
             # rendered by now: the recommended settings under the user's own, before the hook copies them
-            mine = self.conf
+            master, mine = self._master(), self.conf
             if self._driver_memory:
                 # spark-submit's --driver-memory wins over spark.driver.memory, and the recommended initial heap
                 # (-Xms) must not exceed it
                 mine = {**(mine or {}), "spark.driver.memory": self._driver_memory}
-            self.conf = recommended_conf(self._master(), mine, class_archive=archive)
+            self.conf = recommended_conf(master, mine)
+            if archive and is_local(master):  # a cluster's driver JVM runs elsewhere, without this file
+                self.conf = with_archive(self.conf, archive)
         self.application_args = self.job_args()
         if self.ship_package:
             zipped = package_zip()
             self.py_files = f"{self.py_files},{zipped}" if self.py_files else zipped
-        if self.py_files and isinstance(self.conf, dict) and self.conf.get(PY_FILES):
-            # --py-files replaces spark.submit.pyFiles: its files (the archive's compiled copies first) go ahead
-            # (self.conf is recommended_conf's own dictionary by now)
-            self.py_files = f"{self.conf.pop(PY_FILES)},{self.py_files}"
         super().execute(context)
         output = str(self.output_path).rstrip("/")
         result: dict[str, Any] = {"job": self.job, "input": self.input_path, "output": str(self.output_path)}

@@ -5,7 +5,9 @@
 * ``replay_set.py``: triage Parquet + a policy → reset envelopes (JSON Lines), one folder per target queue,
   ready for ``BabelQueueReplayOperator(replay_set=...)``.
 
-:func:`job_path` gives the file to hand to ``spark-submit``. Importing this package does not import pyspark.
+:func:`job_path` gives the file to hand to ``spark-submit``; :func:`recommended_conf` the settings to submit it
+with. ``class_archive.py`` is an optional start-up aid for local masters that no job imports. Importing this
+package does not import pyspark.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-__all__ = ["JOBS", "JOB_CONF", "LOCAL_CONF", "job_path", "recommended_conf"]
+__all__ = ["JOBS", "JOB_CONF", "LOCAL_CONF", "is_local", "job_path", "recommended_conf"]
 
 #: The jobs by name (the operator's ``job`` argument), each a file next to this one.
 JOBS = {"triage": "triage.py", "report": "report.py", "replay_set": "replay_set.py"}
@@ -62,6 +64,8 @@ LOCAL_CONF = {
     # the JVM's default start, it grows through full collections just as the write's sorters claim their pages,
     # ~0.8 s in collections for each of the first two write tasks. 0.5 s less at 1M (median; faster in 8 of 12
     # interleaved pairs), ~0.1 GiB more peak RSS (docs/benchmarks.md).
+    # All of these options together against none at all, interleaved (docs/spark.md, Performance): 1.08x at 100k
+    # records and 1.18x at 1M.
     "spark.driver.extraJavaOptions": "-Xms1g -XX:+UseParallelGC -XX:Tier4InvocationThreshold=50000 "
                                      "-XX:Tier4MinInvocationThreshold=6000 -XX:Tier4CompileThreshold=150000 "
                                      "-XX:Tier4BackEdgeThreshold=400000 -XX:FreqInlineSize=200 "
@@ -69,14 +73,21 @@ LOCAL_CONF = {
 }
 
 
-#: The driver's JVM options and memory, the two settings recommended_conf keeps in step (and the class
-#: archive's options join the first).
+#: The driver's JVM options and memory, the two settings recommended_conf keeps in step.
 _JAVA, _MEMORY = "spark.driver.extraJavaOptions", "spark.driver.memory"
 _INITIAL_HEAP = re.compile(r"-Xms\S+")
 
 
-def recommended_conf(master: str | None, conf: dict[str, str] | None = None,
-                     class_archive: str | None = None) -> dict[str, str]:
+def is_local(master: str | None) -> bool:
+    """Whether ``master`` runs the whole job in one local JVM (``local``, ``local[N]``, ``local[*]``), where
+    :data:`LOCAL_CONF` and a driver class archive apply.
+
+    :param master: the Spark master, ``None`` when unknown (then not local: nothing local-only is added).
+    """
+    return master is not None and (master == "local" or master.startswith("local["))
+
+
+def recommended_conf(master: str | None, conf: dict[str, str] | None = None) -> dict[str, str]:
     """The settings to submit a job with: :data:`JOB_CONF`, plus :data:`LOCAL_CONF` for a local master, with
     ``conf`` (the caller's own) overriding any of them key by key.
 
@@ -84,21 +95,13 @@ def recommended_conf(master: str | None, conf: dict[str, str] | None = None,
     :param conf: the caller's settings; they always win. A caller's ``spark.driver.memory`` also sets the
         initial heap (``-Xms``) in the recommended ``spark.driver.extraJavaOptions``; a caller's own
         ``spark.driver.extraJavaOptions`` replaces those options whole.
-    :param class_archive: a local master only: the driver JVM's class-data archive
-        (:mod:`~airflow_provider_babelqueue.spark.class_archive`), when the file exists (else ignored): its
-        option is appended to whatever ``spark.driver.extraJavaOptions`` ends up being, and the unsigned jars
-        it was trained with go first on ``spark.driver.extraClassPath``.
     """
-    local = bool(master) and (master == "local" or master.startswith("local["))
+    local = is_local(master)
     settings = {**JOB_CONF, **(LOCAL_CONF if local else {}), **(conf or {})}
     if local and _JAVA not in (conf or {}):
         # our options start the heap at its full size: it follows the caller's spark.driver.memory, since a
         # -Xms above the launcher's -Xmx stops the JVM from starting
         settings[_JAVA] = _INITIAL_HEAP.sub(f"-Xms{settings[_MEMORY]}", LOCAL_CONF[_JAVA])
-    if local and class_archive:
-        from .class_archive import add_driver_conf, archive_conf
-
-        settings = add_driver_conf(settings, archive_conf(class_archive))
     return settings
 
 

@@ -1,7 +1,7 @@
 """Shared helpers of the PySpark jobs: session, argument parsing, Hadoop-FS text output.
 
-No Airflow here (the jobs run under ``spark-submit`` on any cluster); the only project import allowed in
-``spark/`` is the pure envelope module.
+No Airflow here (the jobs run under ``spark-submit`` on any cluster); the only project imports allowed in
+``spark/`` are the pure core modules (``core.envelope``, ``core.errors``, ``core.records``).
 """
 
 from __future__ import annotations

@@ -12,15 +12,6 @@ Layout: ``<output>/target_queue=<queue>/part-*.txt`` (one envelope per line) and
 
 from __future__ import annotations
 
-# First, before anything imports pyspark: a compiled copy of Spark's Python package (the class archive's) may
-# lead the path; it stays only if it matches the installation's (spark/bytecode.py).
-try:
-    from airflow_provider_babelqueue.spark.bytecode import drop_stale_copies
-except ImportError:  # pragma: no cover - the package is missing: the import below says what to do
-    pass
-else:
-    drop_stale_copies()
-
 import json
 import sys
 import time
@@ -32,7 +23,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 try:
-    from airflow_provider_babelqueue.envelope import Reason
+    from airflow_provider_babelqueue.core.envelope import Reason
     from airflow_provider_babelqueue.spark.common import (
         base_parser,
         get_spark,
@@ -55,8 +46,8 @@ def reset_line(body: str | None, body_encoding: str | None) -> tuple[str | None,
     """``(reset envelope, None)`` for a replayable body, else ``(None, why)``. Runs on the executors."""
     import base64
 
-    from airflow_provider_babelqueue import envelope as bq
-    from airflow_provider_babelqueue.exceptions import EnvelopeDecodeError, EnvelopeEncodeError
+    from airflow_provider_babelqueue.core import envelope as bq
+    from airflow_provider_babelqueue.core.errors import EnvelopeDecodeError, EnvelopeEncodeError
 
     if body is None:
         return None, str(Reason.POISON)

@@ -6,15 +6,6 @@ cluster; only the small aggregates reach the driver, which renders the page (see
 
 from __future__ import annotations
 
-# First, before anything imports pyspark: a compiled copy of Spark's Python package (the class archive's) may
-# lead the path; it stays only if it matches the installation's (spark/bytecode.py).
-try:
-    from airflow_provider_babelqueue.spark.bytecode import drop_stale_copies
-except ImportError:  # pragma: no cover - the package is missing: the import below says what to do
-    pass
-else:
-    drop_stale_copies()
-
 import datetime
 import json
 import sys
@@ -26,7 +17,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 try:
-    from airflow_provider_babelqueue.envelope import Reason
+    from airflow_provider_babelqueue.core.envelope import Reason
     from airflow_provider_babelqueue.spark.common import (
         base_parser,
         get_spark,

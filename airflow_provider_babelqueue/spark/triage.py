@@ -7,15 +7,6 @@ job scales with the cluster; the only project import is the pure envelope module
 
 from __future__ import annotations
 
-# First, before anything imports pyspark: a compiled copy of Spark's Python package (the class archive's) may
-# lead the path; it stays only if it matches the installation's (spark/bytecode.py).
-try:
-    from airflow_provider_babelqueue.spark.bytecode import drop_stale_copies
-except ImportError:  # pragma: no cover - the package is missing: the import below says what to do
-    pass
-else:
-    drop_stale_copies()
-
 import functools
 import json
 import operator
@@ -27,7 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 try:
-    from airflow_provider_babelqueue.envelope import Reason
+    from airflow_provider_babelqueue.core.envelope import Reason
     from airflow_provider_babelqueue.spark.common import (
         base_parser,
         get_spark,

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_babelqueue.spark import job_path, recommended_conf
-from airflow_provider_babelqueue.spark.class_archive import CLASS_ARCHIVE_ENV
+from airflow_provider_babelqueue.spark.class_archive import CLASS_ARCHIVE_ENV, with_archive
 from tests.spark.dead_letters import write_drain_files
 
 VENV_BIN = str(Path(sys.executable).parent)
@@ -35,19 +35,6 @@ def spark_env() -> dict[str, str]:
     return env
 
 
-def fake_archive(root: Path, **folders: tuple[str, ...]) -> Path:
-    """A stand-in class archive at ``root/driver.jsa`` with the files named in ``folders`` next to it, e.g.
-    ``jars=("janino-3.1.9.jar",)`` → ``driver.jsa.jars/janino-3.1.9.jar`` (for the settings that read them)."""
-    archive = root / "driver.jsa"
-    archive.write_bytes(b"x")
-    for suffix, names in folders.items():
-        folder = root / f"driver.jsa.{suffix}"
-        folder.mkdir()
-        for name in names:
-            (folder / name).write_bytes(b"stand-in")
-    return archive
-
-
 def spark_submit_path() -> str | None:
     return shutil.which("spark-submit", path=spark_env()["PATH"])
 
@@ -56,7 +43,7 @@ def submit(job: str, *args: str, log: list[str] | None = None) -> dict[str, Any]
     """Run one job with the real spark-submit in local[2] (with the session's class archive, as the operator
     would pass it); returns its JSON summary line, and appends its stderr (the task log's part) to ``log``."""
     command = [spark_submit_path() or "spark-submit", "--master", "local[2]"]
-    conf = recommended_conf("local[2]", SPARK_CONF, class_archive=os.environ.get(CLASS_ARCHIVE_ENV))
+    conf = with_archive(SPARK_CONF, os.environ.get(CLASS_ARCHIVE_ENV))
     for key, value in conf.items():
         command += ["--conf", f"{key}={value}"]
     done = subprocess.run([*command, job_path(job), *args], env=spark_env(), capture_output=True, text=True,

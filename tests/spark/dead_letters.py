@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_babelqueue.core import envelope as bq
 from airflow_provider_babelqueue.bindings.base import ReceivedMessage
+from airflow_provider_babelqueue.core import envelope as bq
 from airflow_provider_babelqueue.core.records import drain_record
 
 CREATED = 1_749_132_000_000  # 2025-06-05 14:00:00 UTC

@@ -1,4 +1,5 @@
-"""The Spark jobs stay Airflow-free: they run under spark-submit on clusters that have no Airflow."""
+"""The Spark jobs stay Airflow-free and plain: they run under spark-submit on clusters that have no Airflow, and
+import neither the bindings, the engine nor the optional class archive."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ def test_jobs_import_no_airflow() -> None:
             "import airflow_provider_babelqueue.spark.replay_set\n"
             "bad = sorted(m for m in sys.modules if m == 'airflow' or m.startswith(('airflow.',"
             " 'airflow_provider_babelqueue.bindings', 'airflow_provider_babelqueue.hooks',"
-            " 'airflow_provider_babelqueue.operators')))\n"
+            " 'airflow_provider_babelqueue.operators', 'airflow_provider_babelqueue.engine',"
+            " 'airflow_provider_babelqueue.drain', 'airflow_provider_babelqueue.spark.class_archive')))\n"
             "assert not bad, bad\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr

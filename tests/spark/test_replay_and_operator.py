@@ -16,7 +16,7 @@ from airflow_provider_babelqueue.operators.replay import BabelQueueReplayOperato
 from airflow_provider_babelqueue.operators.spark import BabelQueueSparkTriageOperator
 from airflow_provider_babelqueue.spark import LOCAL_CONF
 from airflow_provider_babelqueue.spark.class_archive import CLASS_ARCHIVE_ENV
-from tests.spark.conftest import SPARK_CONF, VENV_BIN, SparkRun, fake_archive
+from tests.spark.conftest import SPARK_CONF, VENV_BIN, SparkRun
 from tests.spark.dead_letters import CREATED, by_name, expected_reset
 from tests.spark.test_jobs import EXPECTED_TARGETS, read_replay_set
 
@@ -112,9 +112,9 @@ def test_operator_reads_the_workers_class_archive_unless_given_one(monkeypatch: 
                                                                    tmp_path: Path) -> None:
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-    submitted: list[str] = []
+    submitted: list[str | None] = []
     monkeypatch.setattr(SparkSubmitOperator, "execute", lambda self, context: submitted.append(
-        self.conf["spark.driver.extraJavaOptions"]))
+        self.conf.get("spark.driver.extraJavaOptions")))
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_LOCAL_CDS", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     worker, own = tmp_path / "worker.jsa", tmp_path / "own.jsa"
     worker.write_bytes(b"w")
@@ -123,29 +123,14 @@ def test_operator_reads_the_workers_class_archive_unless_given_one(monkeypatch: 
     for archive in (None, str(own), str(tmp_path / "missing.jsa")):
         BabelQueueSparkTriageOperator(task_id="t", job="report", input="i", output="o", conn_id="spark_local_cds",
                                       class_archive=archive).execute(context={})
-    serial = LOCAL_CONF["spark.driver.extraJavaOptions"]
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_YARN_CDS", json.dumps({"conn_type": "spark", "host": "yarn"}))
+    BabelQueueSparkTriageOperator(task_id="t", job="report", input="i", output="o", conn_id="spark_yarn_cds",
+                                  class_archive=str(own)).execute(context={})
+    local = LOCAL_CONF["spark.driver.extraJavaOptions"]
     # the worker's archive by default; the task's own wins; a task's missing file means none (logged), not the
-    # worker's: what the task asked for is what runs
-    assert submitted == [f"{serial} -XX:SharedArchiveFile={worker}", f"{serial} -XX:SharedArchiveFile={own}", serial]
-
-
-def test_operator_puts_the_archives_compiled_copies_ahead_of_its_py_files(monkeypatch: pytest.MonkeyPatch,
-                                                                        tmp_path: Path) -> None:
-    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-
-    from airflow_provider_babelqueue.spark.class_archive import PY_FILES
-
-    submitted: list[tuple[Any, Any]] = []
-    monkeypatch.setattr(SparkSubmitOperator, "execute", lambda self, context: submitted.append(
-        (self.py_files, self.conf.get(PY_FILES))))
-    monkeypatch.setenv("AIRFLOW_CONN_SPARK_LOCAL_PY", json.dumps({"conn_type": "spark", "host": "local[2]"}))
-    archive = fake_archive(tmp_path, python=("pyspark.compiled.zip",))
-    copy = tmp_path / "driver.jsa.python" / "pyspark.compiled.zip"
-    for py_files in (None, "/opt/deps.zip"):
-        BabelQueueSparkTriageOperator(task_id="t", job="report", input="i", output="o", conn_id="spark_local_py",
-                                      class_archive=str(archive), py_files=py_files).execute(context={})
-    # spark-submit's --py-files replaces spark.submit.pyFiles: with py_files the copy moves ahead of them
-    assert submitted == [(None, str(copy)), (f"{copy},/opt/deps.zip", None)]
+    # worker's: what the task asked for is what runs; a cluster's driver runs elsewhere: no archive option
+    assert submitted == [f"{local} -XX:SharedArchiveFile={worker}", f"{local} -XX:SharedArchiveFile={own}", local,
+                         None]
 
 
 def test_package_zip_holds_the_jobs(tmp_path: Path) -> None:
@@ -154,7 +139,7 @@ def test_package_zip_holds_the_jobs(tmp_path: Path) -> None:
     from airflow_provider_babelqueue.operators.spark import package_zip
 
     names = zipfile.ZipFile(package_zip(tmp_path)).namelist()
-    assert {"airflow_provider_babelqueue/__init__.py", "airflow_provider_babelqueue/envelope.py",
+    assert {"airflow_provider_babelqueue/__init__.py", "airflow_provider_babelqueue/core/envelope.py",
             "airflow_provider_babelqueue/spark/triage.py", "airflow_provider_babelqueue/spark/common.py"} <= set(names)
 
 
