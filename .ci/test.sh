@@ -24,7 +24,10 @@ if ! airflow db migrate >"$AIRFLOW_HOME/db-migrate.log" 2>&1; then
 fi
 
 echo "test: ruff"
-ruff check airflow_provider_babelqueue tests benchmarks dags
+ruff check airflow_provider_babelqueue tests benchmarks dags tools
+
+echo "test: mypy"
+mypy
 
 echo "test: pytest (${BABELQUEUE_TEST_WORKERS:-2} workers)"
 pytest -n "${BABELQUEUE_TEST_WORKERS:-2}" --dist loadfile "$@"

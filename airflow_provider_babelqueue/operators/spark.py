@@ -188,7 +188,7 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
             return None
         return connection.host
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override] # the job's summary, for XCom
         self._conn_id = self.conn_id
         archive = self.class_archive or os.environ.get(CLASS_ARCHIVE_ENV) or None
         if archive and archive_option(archive) is None:

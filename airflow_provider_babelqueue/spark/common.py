@@ -42,14 +42,22 @@ def base_parser(description: str) -> argparse.ArgumentParser:
 LOCAL_CHECKSUMS = "spark.babelqueue.localChecksums"
 
 
+def _jvm(spark: SparkSession) -> Any:
+    """The driver's py4j gateway view of the JVM (present once the session runs)."""
+    jvm = spark.sparkContext._jvm
+    if jvm is None:
+        raise RuntimeError("the Spark session has no JVM gateway (was it stopped?)")
+    return jvm
+
+
 def get_spark(app_name: str) -> SparkSession:
     """The session ``spark-submit`` configured (master, memory, ...); nothing is forced here, and
     :data:`LOCAL_CHECKSUMS` is read from that configuration."""
     spark = SparkSession.builder.appName(app_name).getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
-    if spark.conf.get(LOCAL_CHECKSUMS, "true").strip().lower() == "false":
+    if (spark.conf.get(LOCAL_CHECKSUMS, "true") or "true").strip().lower() == "false":
         # Hadoop caches one local file system per JVM and user, and every task of a local master uses it
-        jvm = spark.sparkContext._jvm
+        jvm = _jvm(spark)
         local = jvm.org.apache.hadoop.fs.FileSystem.getLocal(spark.sparkContext._jsc.hadoopConfiguration())
         local.setWriteChecksum(False)
         local.setVerifyChecksum(False)
@@ -66,7 +74,8 @@ def stop_spark(spark: SparkSession) -> None:
     context = spark.sparkContext
     server = getattr(context, "_accumulatorServer", None)
     if server is not None:
-        context._accumulatorServer = None  # so spark.stop() leaves it to us
+        # so spark.stop() leaves it to us; PySpark types the attribute without None, though its own stop sets None
+        context._accumulatorServer = None  # type: ignore[assignment]
     try:
         spark.stop()
     finally:
@@ -85,7 +94,7 @@ def split_names(values: Sequence[str] | None) -> list[str] | None:
 def write_text(spark: SparkSession, url: str, text: str) -> None:
     """Write one small UTF-8 file through the Hadoop FileSystem API (local, HDFS, S3A, ABFS, GCS ...),
     overwriting it. Runs on the driver; used for summary.json and report.html only."""
-    jvm = spark.sparkContext._jvm
+    jvm = _jvm(spark)
     conf = spark.sparkContext._jsc.hadoopConfiguration()
     path = jvm.org.apache.hadoop.fs.Path(url)
     fs = path.getFileSystem(conf)

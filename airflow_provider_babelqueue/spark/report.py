@@ -123,11 +123,12 @@ def summarize(rows: DataFrame, input_path: str = "") -> dict[str, Any]:
                  for r in sorted(by_set["reason"], key=lambda r: (r["reason"] is not None, r["reason"] or ""))}
     langs = {(r["lang"] or "unknown"): r["count"] for r in by_set["lang"]}
     hours = {r["h"]: r["count"] for r in by_set["h"] if r["h"] is not None}
+    hour_keys: Sequence[int]
     if hours and (max(hours) - min(hours)) // HOUR_MS <= _MAX_HOURS_FILLED:
-        keys = range(min(hours), max(hours) + HOUR_MS, HOUR_MS)
+        hour_keys = range(min(hours), max(hours) + HOUR_MS, HOUR_MS)
     else:
-        keys = sorted(hours)
-    hourly = [{"hour": _hour_iso(h), "epoch_ms": h, "count": hours.get(h, 0)} for h in keys]
+        hour_keys = sorted(hours)
+    hourly = [{"hour": _hour_iso(h), "epoch_ms": h, "count": hours.get(h, 0)} for h in hour_keys]
     ages = {r["bucket"]: r["count"] for r in by_set["bucket"]}
     age_buckets = [{"bucket": label, "count": ages.get(label, 0)} for label, _ in AGE_BUCKETS]
     if ages.get("unknown"):
