@@ -26,6 +26,7 @@ from typing import Any
 from airflow_provider_babelqueue.bindings.base import Binding
 from airflow_provider_babelqueue.engine import replay as replay_engine
 from airflow_provider_babelqueue.engine.drain import DrainSource, LocalFileSink, drain_dead_letters
+from airflow_provider_babelqueue.engine.replay import replayer as replayer_module
 
 
 def make_binding(spec: dict[str, Any]) -> Binding:
@@ -89,7 +90,8 @@ def main(spec: dict[str, Any]) -> int:
     if "seconds" in kill:
         arm_timer(binding, "open_dead_letter_pipeline" if pipelined else "reserve_dead_letters", kill["seconds"])
     else:
-        owners = {"binding": binding, "sink": sink, "engine": replay_engine}
+        # "engine" kill points patch the functions the replayer calls (remember_many, ...), where it looks them up
+        owners = {"binding": binding, "sink": sink, "engine": replayer_module}
         if pipelined:  # the drain reserves and acks through the pipeline's methods (armed on its class)
             from airflow_provider_babelqueue.bindings.redis.pipeline import RedisDeadLetterPipeline
 
