@@ -5,6 +5,13 @@ Two workloads over the same N payloads (default 100k):
   * decode+check: parse wire bytes and run consumer validation.
 
 Each side runs ``--rounds`` times; the best round counts (least disturbed by the machine).
+
+Then the cost of the integer-range check (``core.integers``: every integer within signed 64-bit) inside
+``decode``, per profile: decode+check with the check (``envelope.decode`` as shipped) against the same
+decode+check without it (``orjson.loads`` and the object test, what ``decode`` did before the check), in the
+same run, as a ratio of their times. A third profile, ``digits``, has a 20-digit id *string* in every body:
+the pre-check fires on every body and the exact step (digits outside strings) runs each time: the worst case
+for a body that passes.
 Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_envelope.py [--n 100000]``.
 """
 
@@ -17,9 +24,11 @@ import random
 import time
 from collections.abc import Callable
 
+import orjson
 from babelqueue import EnvelopeCodec
 
 from airflow_provider_babelqueue import envelope as bq
+from airflow_provider_babelqueue.core.errors import EnvelopeDecodeError
 
 
 def small_payloads(n: int, seed: int = 7) -> list[dict]:
@@ -58,6 +67,24 @@ def rich_payloads(n: int, seed: int = 7) -> list[dict]:
     return out
 
 
+def digits_payloads(n: int, seed: int = 7) -> list[dict]:
+    """Small payloads plus a 20-digit id carried as a string (as the contract asks for such ids)."""
+    rng = random.Random(seed)
+    return [{"order_id": 100000 + i, "amount": round(rng.uniform(1, 500), 2),
+             "ledger_id": str(10**19 + rng.randrange(10**19))} for i in range(n)]
+
+
+def decode_without_range_check(body: bytes) -> dict:
+    """``envelope.decode`` without the integer-range check: the decode+check baseline of the check's cost."""
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise EnvelopeDecodeError(f"The body is not valid JSON: {exc}.") from exc
+    if value.__class__ is not dict:
+        raise EnvelopeDecodeError("The body is JSON but not an object.")
+    return value
+
+
 def best_of(rounds: int, fn: Callable[[], object]) -> float:
     """Best wall time of ``rounds`` runs, with the cyclic GC paused while timing (as timeit does), so
     collections triggered by the other side's garbage do not land in this side's time."""
@@ -85,11 +112,42 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
     print(f"{'profile':<8} {'workload':<14} {'ours msg/s':>14} {'sdk msg/s':>14} {'ratio':>8}")
     results = {}
-    for profile in ("small", "rich") if args.profile == "both" else (args.profile,):
+    profiles = ("small", "rich") if args.profile == "both" else (args.profile,)
+    for profile in profiles:
         data = (small_payloads if profile == "small" else rich_payloads)(args.n)
         for name, ratio in run_profile(data, args.rounds).items():
             results[f"{profile}/{name}"] = ratio
+    print()
+    print("integer-range check inside decode: decode+check with the check vs without it (same run)")
+    print(f"{'profile':<8} {'without msg/s':>14} {'with msg/s':>14} {'time ratio':>11}")
+    for profile in (*profiles, "digits"):
+        maker = {"small": small_payloads, "rich": rich_payloads, "digits": digits_payloads}[profile]
+        results[f"{profile}/range-check"] = run_range_check(profile, maker(args.n), args.rounds)
     return results
+
+
+def run_range_check(profile: str, data: list[dict], rounds: int) -> float:
+    """Time ratio (with / without) of decode+check over the encoded payloads; 1.05 means the check costs 5 %."""
+    urn, queue = "urn:babel:orders:created", "orders"
+    bodies = [bq.encode(bq.make_envelope(urn, d, queue_name=queue)) for d in data]
+    n = len(bodies)
+
+    def without_check() -> int:
+        decode, check = decode_without_range_check, bq.check
+        return sum(check(decode(b)) is None for b in bodies)
+
+    def with_check() -> int:
+        decode, check = bq.decode, bq.check
+        return sum(check(decode(b)) is None for b in bodies)
+
+    assert without_check() == with_check() == n, "both must accept every body"
+    # interleaved rounds: on a shared machine both sides then sample the same disturbances
+    t_without = t_with = float("inf")
+    for _ in range(rounds):
+        t_without, t_with = min(t_without, best_of(1, without_check)), min(t_with, best_of(1, with_check))
+    ratio = t_with / t_without
+    print(f"{profile:<8} {n / t_without:>14,.0f} {n / t_with:>14,.0f} {ratio:>10.3f}x")
+    return ratio
 
 
 def run_profile(data: list[dict], rounds: int) -> dict[str, float]:

@@ -1,13 +1,24 @@
-"""Pure parts of the consumer: backoff arithmetic, exception names, argument checks."""
+"""Pure parts of the consumer: backoff arithmetic, exception names, argument checks; the attempts rules over the
+memory binding."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import random
+from typing import Any
 
+import orjson
 import pytest
 
+from airflow_provider_babelqueue import envelope as bq
+from airflow_provider_babelqueue.bindings.base import ReceivedMessage
 from airflow_provider_babelqueue.bindings.memory import MemoryBinding
 from airflow_provider_babelqueue.engine.consume import Backoff, Consumer, exception_name
+
+URN = "urn:babel:orders:created"
+NO_WAIT = Backoff("fixed", 0.0)
+QUIET = logging.getLogger("tests.consumer_units")
 
 
 def test_fixed_backoff() -> None:
@@ -44,3 +55,92 @@ def test_exception_names() -> None:
 
     assert exception_name(ValueError("x")) == "ValueError"
     assert exception_name(Local()) == f"{__name__}.test_exception_names.<locals>.Local"
+
+
+# ------------------------------------------------------------------------------- attempts, as the spec says
+
+
+class _CountingBroker(MemoryBinding):
+    """A memory binding whose broker counts deliveries itself, as SQS does: ``attempts`` is reconciled as
+    max(body, ApproximateReceiveCount - 1), and the broker's count runs ``ahead`` of the body's."""
+
+    def __init__(self, ahead: int) -> None:
+        super().__init__()
+        self.ahead = ahead
+
+    def reserve(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
+        message = super().reserve(queue_name, timeout)
+        if message is None:
+            return None
+        return dataclasses.replace(message, attempts=message.attempts + self.ahead)
+
+
+def _publish_one(binding: MemoryBinding) -> bytes:
+    body = bq.encode(bq.make_envelope(URN, {"order_id": 1042}, queue_name="orders"))
+    binding.publish(body, "orders")
+    return body
+
+
+def test_handlers_see_the_reconciled_attempts_not_the_bodys() -> None:
+    binding = _CountingBroker(ahead=4)
+    body = _publish_one(binding)
+    seen: list[dict[str, Any]] = []
+    summary = Consumer(binding, "orders", {URN: seen.append}, log=QUIET).run(reserve_timeout=0)
+    assert summary.handled == 1
+    [envelope] = seen
+    assert envelope["attempts"] == 4 and list(envelope) == ["job", "trace_id", "data", "meta", "attempts"]
+    assert {**envelope, "attempts": 0} == bq.decode(body)  # nothing else changed
+
+
+def test_a_dead_letter_counts_the_reconciled_attempts_at_the_top_level_and_in_the_block() -> None:
+    binding = _CountingBroker(ahead=4)
+    _publish_one(binding)
+    seen: list[int] = []
+
+    def fail(envelope: dict[str, Any]) -> None:
+        seen.append(envelope["attempts"])
+        raise RuntimeError("card declined")
+
+    summary = Consumer(binding, "orders", {URN: fail}, max_attempts=3, backoff=NO_WAIT, log=QUIET).run(
+        reserve_timeout=0)
+    # the broker says four deliveries happened before this one: past max_attempts, dead-lettered at once
+    assert seen == [4] and summary.retried == 0 and dict(summary.dead_lettered) == {"failed": 1}
+    [dead] = binding.browse_dead_letters("orders")
+    stored = orjson.loads(dead.body)
+    assert stored["attempts"] == stored["dead_letter"]["attempts"] == 5
+
+
+def test_three_failed_runs_give_a_dead_letter_with_attempts_3_and_3() -> None:
+    """spec/dead-letters.md's example (and the Python SDK): ``"attempts": 3`` at the top level and in the block."""
+    binding = MemoryBinding()
+    body = _publish_one(binding)
+    seen: list[int] = []
+
+    def fail(envelope: dict[str, Any]) -> None:
+        seen.append(envelope["attempts"])
+        raise RuntimeError("card declined")
+
+    Consumer(binding, "orders", {URN: fail}, max_attempts=3, backoff=NO_WAIT, log=QUIET).run(reserve_timeout=0)
+    [dead] = binding.browse_dead_letters("orders")
+    block = orjson.loads(dead.body)["dead_letter"]
+    assert seen == [0, 1, 2]
+    assert dead.body == body.replace(b'"attempts":0}', b'"attempts":3,') + (
+        b'"dead_letter":{"reason":"failed","error":"card declined","exception":"RuntimeError","failed_at":'
+        + str(block["failed_at"]).encode() + b',"original_queue":"orders","attempts":3,"lang":"python"}}')
+
+
+def test_validation_and_unknown_urn_dead_letters_keep_the_delivery_attempts() -> None:
+    binding = MemoryBinding()
+    env = bq.make_envelope("urn:babel:nobody:handles", {}, queue_name="orders")
+    env["attempts"] = 2
+    binding.publish(bq.encode(env), "orders")
+    invalid = bq.make_envelope(URN, {}, queue_name="orders")
+    invalid["attempts"] = -1
+    binding.publish(bq.encode(invalid), "orders")
+    Consumer(binding, "orders", {URN: print}, log=QUIET).run(reserve_timeout=0)
+    unknown, bad = (orjson.loads(m.body) for m in binding.browse_dead_letters("orders"))
+    assert (unknown["attempts"], unknown["dead_letter"]["attempts"], unknown["dead_letter"]["reason"]) == (
+        2, 2, "unknown_urn")
+    # an invalid attempts value is the evidence of the quarantine: kept as it was
+    assert (bad["attempts"], bad["dead_letter"]["attempts"], bad["dead_letter"]["reason"]) == (
+        -1, 0, "invalid_attempts")

@@ -315,11 +315,25 @@ def test_decode_rejects_lone_surrogates_and_wrong_types() -> None:
         bq.decode(42)  # type: ignore[arg-type]
 
 
-def test_decode_exact_keeps_integers_beyond_64_bit() -> None:
+def test_decode_refuses_integers_beyond_64_bit_with_or_without_exact() -> None:
+    """The contract's integers are signed 64-bit: a body holding a wider one is refused (poison), never read as a
+    rounded float (orjson's reading of 2**64 and beyond) or kept as an int no other SDK can hold. ``exact`` is
+    kept for old callers and changes nothing."""
     body = b'{"job":"u","data":{"n":1180591620717411303424,"m":-9223372036854775809}}'
-    assert bq.decode(body, exact=True)["data"] == {"n": 2**70, "m": -(2**63) - 1}
-    # the fast parser reads such literals (forbidden by the contract) as floats; documented
-    assert bq.decode(body)["data"]["n"] == float(2**70)
+    for exact in (False, True):
+        with pytest.raises(EnvelopeDecodeError, match="integer 1180591620717411303424 is outside the signed 64-bit"):
+            bq.decode(body, exact=exact)
+    assert bq.decode(b'{"n":9223372036854775807,"m":-9223372036854775808}', exact=True) == {
+        "n": 2**63 - 1, "m": -(2**63)}
+
+
+def test_annotate_dead_letter_leaves_the_top_level_attempts_to_the_caller() -> None:
+    """As the Python SDK's ``annotate``: only the block is added; a worker sets the top-level count itself
+    (``bindings.base.dead_letter_body`` writes the block's count there, 3 and 3 after three failed runs)."""
+    env = order()
+    env["attempts"] = 2
+    dead = bq.annotate_dead_letter(env, "failed", original_queue="orders", attempts=3, failed_at=1749132730000)
+    assert (dead["attempts"], dead["dead_letter"]["attempts"]) == (2, 3)
 
 
 # ----------------------------------------------------------------------------------------- check

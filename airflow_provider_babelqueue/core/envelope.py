@@ -27,6 +27,11 @@ from typing import Any
 import orjson
 
 from .errors import EnvelopeDecodeError, EnvelopeEncodeError, InvalidEnvelopeError
+from .integers import DIGITS_TO_ZERO as _DIGITS_TO_ZERO
+from .integers import INT64_MAX as _INT64_MAX
+from .integers import INT64_MIN as _INT64_MIN
+from .integers import LONG_RUN as _LONG_RUN
+from .integers import check_integer_range
 
 __all__ = [
     "DEAD_LETTER_KEYS",
@@ -61,8 +66,6 @@ DEAD_LETTER_KEYS = ("reason", "error", "exception", "failed_at", "original_queue
 
 _CANON_TOP = ("job", "trace_id", "data", "meta", "attempts")
 _ASCII_WS = " \t\n\v\f\r"
-_INT64_MIN = -(2**63)
-_INT64_MAX = 2**63 - 1
 
 
 class Reason(StrEnum):
@@ -325,57 +328,39 @@ def encode(envelope: Mapping[str, Any]) -> bytes:
 # -------------------------------------------------------------------------------------------- decode
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _finite_float(text: str) -> float:
-    number = float(text)
-    if not math.isfinite(number):
-        raise ValueError(f"number {text} does not fit a double")
-    return number
-
-
-def _exact_loads(body: bytes | str) -> Any:
-    if isinstance(body, bytes):
-        try:
-            body = body.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise EnvelopeDecodeError(f"The body is not valid UTF-8: {exc}.") from exc
-    else:
-        try:
-            body.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise EnvelopeDecodeError(f"The body is not valid UTF-8: {exc}.") from exc
-    try:
-        return json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)
-    except (ValueError, RecursionError) as exc:
-        raise EnvelopeDecodeError(f"The body is not valid JSON: {exc}.") from exc
-
-
 def decode(body: bytes | bytearray | memoryview | str, *, exact: bool = False) -> dict[str, Any]:
     """Decode a raw body into an envelope dict, keeping unknown keys and their order.
 
-    Decoding does not validate the contract (use :func:`check`); it only ensures the body is a JSON
-    object, so the caller can always tell a poison body from a merely non-conformant one.
+    Decoding does not validate the contract (use :func:`check`); it ensures the body is a JSON object whose
+    values a reader gets exactly, so the caller can always tell a poison body from a merely non-conformant one.
+    An integer outside signed 64-bit is refused rather than rounded (see :mod:`.integers`): the contract forbids
+    it, and a handler must never be given an altered value.
 
-    :param exact: also keep integer literals beyond unsigned 64-bit exactly (the fast parser reads such
-        literals, which the contract forbids, as floats). Use it before re-encoding a foreign body.
-    :raises EnvelopeDecodeError: for invalid UTF-8, invalid JSON (NaN, Infinity and a byte-order mark
-        included) or a JSON value that is not an object.
+    :param exact: kept for callers written when the fast parser rounded huge integers; every decode is exact
+        now (such integers are refused), so it changes nothing.
+    :raises EnvelopeDecodeError: for invalid UTF-8, invalid JSON (NaN, Infinity, numbers beyond a double and a
+        byte-order mark included) or a JSON value that is not an object; its subclass
+        :class:`~.integers.IntegerRangeError` for an integer outside signed 64-bit.
     """
-    if exact:
-        value = _exact_loads(bytes(body) if isinstance(body, bytearray | memoryview) else body)
-    else:
-        try:
-            value = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            if not isinstance(body, bytes | bytearray | memoryview | str):
-                raise EnvelopeDecodeError(f"A body must be bytes or str, got {type(body).__name__}.") from None
-            raise EnvelopeDecodeError(f"The body is not valid JSON: {exc}.") from exc
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        if not isinstance(body, bytes | bytearray | memoryview | str):
+            raise EnvelopeDecodeError(f"A body must be bytes or str, got {type(body).__name__}.") from None
+        if "infinity" in str(exc):  # an integer literal so long that it overflows a double: name it as such
+            check_integer_range(_as_bytes(body))
+        raise EnvelopeDecodeError(f"The body is not valid JSON: {exc}.") from exc
     if value.__class__ is not dict:
         raise EnvelopeDecodeError(f"The body is JSON but not an object (got a JSON {_json_kind(value)}).")
+    raw = body if body.__class__ is bytes else _as_bytes(body)
+    if _LONG_RUN in raw.translate(_DIGITS_TO_ZERO):  # the integers' pre-check, inlined: it runs on every body
+        check_integer_range(raw)
     return value
+
+
+def _as_bytes(body: bytearray | memoryview | str | bytes) -> bytes:
+    # orjson accepted the text, so a str holds no lone surrogate and encodes cleanly
+    return body.encode("utf-8") if isinstance(body, str) else bytes(body)
 
 
 def _json_kind(value: Any) -> str:
@@ -477,7 +462,9 @@ def annotate_dead_letter(
 
     :param reason: why the message is set aside: a :class:`Reason` or another SDK's reason string.
     :param original_queue: the queue the message failed on; replay sends it back there by default.
-    :param attempts: the reconciled delivery count when it was given up on.
+    :param attempts: the attempts the message used up when it was given up on (the block's ``attempts``). The
+        top-level ``attempts`` is left as the caller set it, as the Python SDK's ``annotate`` does; a worker
+        that dead-letters after failed runs sets both to the runs (``bindings.base.dead_letter_body``).
     :param error: a human-readable message (e.g. the exception text); ``None`` when there is none.
     :param exception: the exception's type name, so triage can group failures by class.
     :param failed_at: Unix ms; defaults to now. Pass it to make annotation reproducible.

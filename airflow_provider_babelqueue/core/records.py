@@ -18,6 +18,8 @@ import orjson
 
 from . import envelope as bq
 from .errors import EnvelopeDecodeError
+from .frames import FRAME_KEY, open_body
+from .integers import may_hold_wide_integer
 
 __all__ = [
     "RECORD_VERSION",
@@ -60,9 +62,10 @@ class DrainedMessage(Protocol):
 
 
 def _meta_id_of_raw(raw: bytes) -> str:
-    """``meta.id`` of a body that decodes as an envelope, else ``""`` (what a received message reports)."""
+    """``meta.id`` of a body that decodes as an envelope (a frame's inner one), else ``""``: what a received
+    message reports (``bindings.base.parse_body`` reads bodies with the same :func:`~.frames.open_body`)."""
     try:
-        return bq.meta_id_of(bq.decode(raw))
+        return bq.meta_id_of(open_body(raw)[0])
     except EnvelopeDecodeError:
         return ""
 
@@ -184,7 +187,9 @@ class RecordTemplate:
     def of_raws(self, raws: Sequence[bytes], stamp: bytes) -> list[bytes]:
         """Records of dead letters known only by their stored bytes (a Redis drain batch: no headers, no
         delivery count). ``meta_id`` is what :class:`ReceivedMessage` would give: ``meta.id`` of a body that
-        decodes to a JSON object, else ``""``. One tight loop, no per-message objects."""
+        decodes to an envelope (a frame's inner one), else ``""``. One tight loop, no per-message objects;
+        frames and bodies with a 19-digit run (perhaps an integer outside signed 64-bit, which makes the body
+        poison) take the exact path."""
         loads, dumps, invalid = orjson.loads, orjson.dumps, (orjson.JSONDecodeError, UnicodeDecodeError)
         head, middle, tail = self._head, self._utf8, b',"delivery_count":null' + self._tail + stamp
         out: list[bytes] = []
@@ -192,6 +197,9 @@ class RecordTemplate:
         for raw in raws:
             try:
                 value = loads(raw)  # rejects invalid UTF-8 too, so the decode below cannot fail
+                if value.__class__ is dict and (FRAME_KEY in value or may_hold_wide_integer(raw)):
+                    append(self.record(raw, _meta_id_of_raw(raw), None, stamp))
+                    continue
                 meta = value.get("meta") if value.__class__ is dict else None
                 meta_id = meta.get("id") if meta.__class__ is dict else None
                 append(b"".join((head, dumps(raw.decode("utf-8")), middle,

@@ -12,8 +12,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..bindings.base import Binding, NotSupportedError
+from ..bindings.base import Binding, NotSupportedError, ReceivedMessage
 from ..core import envelope as bq
+from ..core.errors import EnvelopeDecodeError
+from ..core.frames import FRAME_KEY, open_body
+from ..core.peer import poison_wrapper
 
 __all__ = [
     "COMPARISONS",
@@ -100,8 +103,17 @@ class DeadLetterStatus:
         return {"depth": self.depth, "matching": self.matching, "sample": self.sample}
 
 
-def _sample_entry(envelope: dict[str, Any] | None) -> dict[str, Any]:
-    if envelope is None:
+def _sample_entry(message: ReceivedMessage) -> dict[str, Any]:
+    """``{"meta_id", "urn", "reason"}`` of one browsed dead letter, read as every reader reads stored bodies: a
+    framed dead letter (the Python SDK keeps the frame) as its inner envelope, the Python SDK's poison wrapper
+    and any undecodable body as ``poison``."""
+    envelope = message.envelope
+    if envelope is not None and FRAME_KEY in envelope:  # a binding that did not unwrap: read the stored bytes
+        try:
+            envelope = open_body(message.body)[0]
+        except EnvelopeDecodeError:
+            envelope = None
+    if envelope is None or poison_wrapper(envelope) is not None:
         return {"meta_id": "", "urn": "", "reason": str(bq.Reason.POISON)}
     block = envelope.get("dead_letter")
     reason = block.get("reason") if isinstance(block, dict) else None
@@ -140,7 +152,7 @@ def dead_letter_status(
                 f"filtering dead letters by reason or URN needs a broker that can browse its dead-letter queue; "
                 f"the {binding.name} binding cannot"
             )
-        entries = [_sample_entry(m.envelope) for m in binding.browse_dead_letters(queue_name, browse_limit)]
+        entries = [_sample_entry(m) for m in binding.browse_dead_letters(queue_name, browse_limit)]
         if filtered:
             entries = [e for e in entries if (not reasons or e["reason"] in reasons) and (not urns or e["urn"] in urns)]
             matching = len(entries)

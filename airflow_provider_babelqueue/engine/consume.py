@@ -5,13 +5,21 @@ For each delivery, in this order:
 1. a body over ``max_body_bytes`` or nested deeper than ``max_nesting_depth`` is dead-lettered with reason
    ``poison`` (its bytes kept exactly) and an error naming the limit and the actual size or depth: a hostile
    or runaway producer cannot make a consumer validate, re-encode or hand it to a handler;
-2. an undecodable body is dead-lettered with reason ``poison`` (its bytes kept exactly);
+2. an undecodable body is dead-lettered with reason ``poison`` (its bytes kept exactly): not JSON, not an
+   object, a malformed header frame, or an integer outside signed 64-bit (never handed on rounded);
 3. an envelope that fails validation is dead-lettered with the validation reason (an unsupported schema
    version included): quarantined, never dropped;
 4. a URN with no handler follows the unknown-URN strategy;
 5. a duplicate ``meta.id`` (when an idempotency store is given) is acked without running the handler;
-6. the handler runs; success acks, failure releases with backoff until ``max_attempts`` handler runs,
-   then dead-letters with reason ``failed``, the error text and the exception type.
+6. the handler runs, given the envelope with the reconciled ``attempts`` (the binding's
+   ``ReceivedMessage.attempts``: e.g. SQS's ApproximateReceiveCount - 1 when it is higher than the body's);
+   success acks, failure releases with backoff until ``max_attempts`` handler runs, then dead-letters with
+   reason ``failed``, the error text, the exception type, and ``attempts`` = the handler runs, at the top level
+   and in the block (3 and 3 after three failures with ``max_attempts=3``, as the spec and the Python SDK).
+
+A framed message (Node's Redis adapter, the Python SDK 1.24) is its inner envelope throughout: the bindings
+unwrap it when they read it (``bindings.base.parse_body``), a release keeps it framed, a dead letter is stored
+as the bare annotated envelope.
 
 The limits are checked on the raw bytes the binding returned; bindings decode a body when they reserve it
 (with orjson, which refuses nesting deeper than 1,024 levels without recursing), so the limits protect
@@ -56,8 +64,8 @@ __all__ = [
 Handler = Callable[[dict[str, Any]], Any]
 
 _NOT_COUNTABLE = (
-    "not retried: the body cannot be re-encoded with a higher attempts count (an integer beyond 64 bits, or "
-    "nesting deeper than the encoder's 254 levels), so each retry would arrive as the first attempt again"
+    "not retried: the body cannot be re-encoded with a higher attempts count (nesting deeper than the "
+    "encoder's 254 levels), so each retry would arrive as the first attempt again"
 )
 
 
@@ -217,8 +225,9 @@ class Consumer:
         failed_runs: int = 0,
         meta_id: str | None = None,
     ) -> str:
-        # attempts in the dead_letter block = deliveries that were given up on (as the other SDKs record it),
-        # saturating at the contract's largest integer: a body claiming 2**63 - 1 attempts must still be stored
+        # attempts of the dead letter (the block's, and the top-level one: dead_letter_body writes both) = the
+        # attempts used up, the failing run included (the spec's 3 and 3 after three runs), saturating at the
+        # contract's largest integer: a body claiming 2**63 - 1 attempts must still be stored
         counted = dataclasses.replace(message, attempts=min(message.attempts + failed_runs, _MAX_COUNT))
         self.binding.dead_letter(counted, reason, error=error, exception=exception)
         self.summary.dead_lettered[reason] += 1
@@ -258,6 +267,10 @@ class Consumer:
         handler = self.handlers.get(urn)
         if handler is None:
             return self._unknown(message, urn)
+        if envelope["attempts"] != message.attempts:
+            # the broker counted more deliveries than the body (check() made attempts an int): the handler sees
+            # the reconciled count, on a copy, so the decoded envelope stays what the body holds
+            envelope = {**envelope, "attempts": message.attempts}
         try:
             if self.guard is None:
                 handler(envelope)

@@ -307,19 +307,27 @@ def poison_error(body: bytes, limits: dict[str, int | None]) -> str | None:
 
 
 def _without_dead_letter(body: bytes) -> Any:
+    """The envelope without its ``dead_letter`` block and its top-level ``attempts`` (a dead letter's is the
+    block's count of attempts used up, not the delivered body's: checked apart in :func:`is_dead_letter_of`)."""
     value = bq.decode(body, exact=True)
     value.pop("dead_letter", None)
+    value.pop("attempts", None)
     return value
 
 
 def is_dead_letter_of(stored: bytes, delivered: bytes, reason: str) -> bool:
     """Whether a DLQ body is the dead letter of ``delivered``: the same bytes (poison, or a body that cannot be
-    re-encoded), or the same envelope plus a ``dead_letter`` block with ``reason``."""
+    re-encoded), or the same envelope plus a ``dead_letter`` block with ``reason``, whose ``attempts`` is also the
+    top-level one (a delivered ``attempts`` that is not a non-negative integer is kept as evidence instead)."""
     if stored == delivered:
         return True
     try:
-        block = bq.decode(stored, exact=True).get("dead_letter")
+        annotated, original = bq.decode(stored, exact=True), bq.decode(delivered, exact=True)
+        block = annotated.get("dead_letter")
+        counted = original.get("attempts").__class__ is int and original["attempts"] >= 0
+        top = annotated.get("attempts")
         return (isinstance(block, dict) and block.get("reason") == reason
+                and (top == block.get("attempts") if counted else top == original.get("attempts"))
                 and _without_dead_letter(stored) == _without_dead_letter(delivered))
     except ValueError:
         return False
@@ -537,19 +545,31 @@ def test_unusable_limits_are_refused(name: str, value: Any) -> None:
 
 
 def test_a_failing_body_that_cannot_be_re_encoded_is_dead_lettered_not_retried_forever(binding: Binding) -> None:
-    """Regression: an integer beyond 64 bits decodes (as a float) but cannot be re-encoded, so a release kept
-    ``attempts`` at 0 and the message came back as a first attempt for ever."""
-    body = splice(template(FAIL_URN), b"18446744073709551616")
+    """Regression: a body that decodes but cannot be re-encoded (with the limits off, nesting past the encoder's
+    254 levels) made a release keep ``attempts`` at 0, and the message came back as a first attempt for ever.
+    (An integer beyond 64 bits was the first such body; it is poison now, see the next test.)"""
+    body = splice(template(FAIL_URN), arrays(300))
     queue = f"limits-{uuid.uuid4().hex[:12]}"
     binding.publish(body, queue)
     spy = Spy(binding)
-    summary = Consumer(spy, queue, {FAIL_URN: _fail}, max_attempts=5, backoff=NO_WAIT, log=QUIET).run(
-        max_messages=20, reserve_timeout=0)
+    summary = Consumer(spy, queue, {FAIL_URN: _fail}, max_attempts=5, backoff=NO_WAIT, log=QUIET,
+                       max_nesting_depth=None).run(max_messages=20, reserve_timeout=0)
     assert summary.received == 1 and summary.retried == 0 and dict(summary.dead_lettered) == {"failed": 1}
     [(stored, reason, error)] = spy.dead
     assert stored == body and reason == "failed"
     assert error.startswith("handler refused") and "cannot be re-encoded with a higher attempts count" in error
     assert binding.depth(queue) == 0 and binding.dead_letter_depth(queue) == 1
+
+
+def test_an_integer_beyond_64_bits_is_poison_with_its_bytes_kept(binding: Binding, tmp_path: Path) -> None:
+    """The contract's integers are signed 64-bit: such a body never reaches a handler (it would get a float)."""
+    body = splice(template(FAIL_URN), b"18446744073709551616")
+    queue, spy, handled, summary = consume(binding, [body])
+    assert handled == [] and summary["dead_lettered"] == {"poison": 1}
+    assert spy.dead == [(body, "poison", "integer 18446744073709551616 is outside the signed 64-bit range the "
+                         "contract allows (-9223372036854775808 to 9223372036854775807); a producer must carry such "
+                         "a value as a string")]
+    assert dlq_and_drain(binding, queue, tmp_path) == ([body], [body])
 
 
 def test_the_operator_passes_its_limits_to_the_consumer(monkeypatch: pytest.MonkeyPatch, binding: Binding) -> None:
