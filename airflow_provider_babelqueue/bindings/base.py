@@ -25,7 +25,7 @@ Semantics every binding honours (the contract suite in ``tests/bindings`` checks
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -38,6 +38,7 @@ from ..core.errors import (
     NotSupportedError,
     PublishBatchError,
 )
+from ..core.frames import encode_frame, frame_headers, open_body
 
 if TYPE_CHECKING:
     from ..core.idempotency import SeenStore
@@ -54,6 +55,7 @@ __all__ = [
     "bumped_body",
     "check_sizes",
     "dead_letter_body",
+    "frame_headers",
     "parse_body",
     "redact_url",
     "require_extra",
@@ -112,9 +114,15 @@ class ReceivedMessage:
 
 
 def parse_body(body: bytes) -> tuple[dict[str, Any] | None, str | None, int]:
-    """``(envelope, decode_error, body_attempts)`` for a raw body; attempts is 0 when unusable."""
+    """``(envelope, decode_error, body_attempts)`` for a raw body; attempts is 0 when unusable.
+
+    A framed body (Node's Redis adapter, the Python SDK 1.24: ``{"__bq_frame":1,"headers":{…},"body":"…"}``)
+    gives its inner envelope and that envelope's attempts; a malformed frame and a body holding an integer
+    outside signed 64-bit are undecodable (poison), with the reason in ``decode_error``. The stored bytes are
+    the caller's to keep: ``ReceivedMessage.body`` stays exactly what the broker holds (acks match on it).
+    """
     try:
-        env = bq.decode(body)
+        env = open_body(body)[0]
     except EnvelopeDecodeError as exc:
         return None, str(exc), 0
     attempts = env.get("attempts")
@@ -185,30 +193,42 @@ def check_sizes(bodies: Sequence[bytes], limit: int | None, where: str, why: str
 def bumped_body(message: ReceivedMessage) -> bytes:
     """The body to re-deliver on a release: ``attempts`` = reconciled attempts + 1.
 
-    An undecodable body, or one that cannot be re-encoded, goes back unchanged (bytes are never lost).
+    A framed message stays framed, with the same headers and its inner envelope's ``attempts`` bumped, so the
+    peer that framed it still finds its headers on the retry. An undecodable body, or one that cannot be
+    re-encoded, goes back unchanged (bytes are never lost).
     """
     if message.envelope is None:
         return message.body
     try:
-        env = bq.decode(message.body, exact=True)
+        env, frame = open_body(message.body)
         env["attempts"] = message.attempts + 1
-        return bq.encode(env)
-    except (EnvelopeDecodeError, EnvelopeEncodeError):
+        body = bq.encode(env)
+        return body if frame is None else encode_frame(body, frame.headers)
+    except (EnvelopeDecodeError, EnvelopeEncodeError, TypeError, ValueError):
         return message.body
 
 
 def dead_letter_body(
     message: ReceivedMessage, reason: str, *, error: str | None = None, exception: str | None = None
 ) -> bytes:
-    """The body to store in the DLQ: the envelope with its ``dead_letter`` block.
+    """The body to store in the DLQ: the envelope with its ``dead_letter`` block, and its top-level ``attempts``
+    equal to the block's: ``message.attempts``, which the consumer sets to the attempts used up (3 and 3 after
+    three failed runs with ``max_attempts=3``, as in spec/dead-letters.md and the Python SDK). A top-level
+    ``attempts`` that is not a non-negative integer is kept as it is: the evidence of an ``invalid_attempts``
+    quarantine.
 
-    An undecodable body (poison) is stored byte for byte: there is no envelope to annotate, and the raw
-    bytes are the evidence triage needs. The same holds for a body that cannot be re-encoded.
+    A framed message is stored as its bare annotated envelope, never as an annotated frame: every SDK's DLQ
+    reader (and replay) then sees an envelope. An undecodable body (poison) is stored byte for byte: there is no
+    envelope to annotate, and the raw bytes are the evidence triage needs. The same holds for a body that cannot
+    be re-encoded.
     """
     if message.envelope is None:
         return message.body
     try:
-        env = bq.decode(message.body, exact=True)
+        env = open_body(message.body)[0]
+        current = env.get("attempts")
+        if current.__class__ is int and current >= 0:
+            env["attempts"] = message.attempts
         annotated = bq.annotate_dead_letter(
             env,
             reason,
@@ -366,17 +386,26 @@ class Binding(abc.ABC):
         """Read up to ``limit`` DLQ messages without removing them."""
         raise NotSupportedError(f"the {self.name} binding cannot browse a dead-letter queue without removing")
 
-    def browse_dead_letter_raws(self, queue_name: str, start: int, stop: int) -> list[bytes] | None:
+    def browse_dead_letter_raws(self, queue_name: str, start: int, stop: int, *,
+                                source: str | None = None) -> list[bytes] | None:
         """The stored bytes of DLQ positions ``start``..``stop`` - 1, nothing reserved or removed, for a browse
         drain on a binding whose dead letters carry nothing but their bytes (no headers, no native reason or
-        delivery count). ``None``: not offered; the drain then browses :class:`ReceivedMessage` values."""
+        delivery count). ``None``: not offered; the drain then browses :class:`ReceivedMessage` values.
+
+        :param source: one of :meth:`dead_letter_sources`: positions are within that DLQ alone, so a drain can
+            name each record's source. ``None``: positions run over every source, in reading order.
+        """
         return None
 
-    def open_dead_letter_pipeline(self, queue_name: str) -> DeadLetterPipeline | None:
+    def open_dead_letter_pipeline(self, queue_name: str, *, source: str | None = None) -> DeadLetterPipeline | None:
         """Optional capability :class:`DeadLetterPipeline`: a pipeline that keeps a move drain's reservations and
-        acks of ``queue_name``'s DLQ in flight while the drain writes (Redis: ``RedisDeadLetterPipeline``), or
-        ``None``: the drain then reserves with :meth:`reserve_dead_letters` and acks with :meth:`ack_many`, one
-        round trip each."""
+        acks of one of ``queue_name``'s DLQs in flight while the drain writes (Redis: ``RedisDeadLetterPipeline``),
+        or ``None``: the drain then reserves with :meth:`reserve_dead_letters` and acks with :meth:`ack_many`, one
+        round trip each.
+
+        :param source: which of :meth:`dead_letter_sources` the pipeline drains (a pipeline holds one DLQ's
+            reservations); ``None``: the written one, :meth:`dead_letter_name`.
+        """
         return None
 
     def seen_store(self, name: str) -> SeenStore:
@@ -428,6 +457,54 @@ class Binding(abc.ABC):
         ``<queue>:failed`` / ``.failed``, so reads (counts, drains, browses, redrives) take every source. A
         source that does not exist counts as empty and is never created by a read."""
         return [self.dead_letter_name(queue_name)]
+
+    @staticmethod
+    def source_entries(value: str | Iterable[str] | None) -> tuple[str, ...]:
+        """A ``dead_letter_sources`` setting as a tuple of entries, for the bindings' configs: a list as it is, text
+        (a connection extra, a URL parameter) split on commas; ``None``, ``""`` or ``"none"``: no entry.
+
+        :raises ValueError: an entry is not text, so a typo in a JSON extra fails where it is configured.
+        """
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            value = () if value.strip().lower() in ("", "none") else value.split(",")
+        entries: list[str] = []
+        for entry in value:
+            if not isinstance(entry, str):
+                raise ValueError(f"dead_letter_sources entries must be names or suffixes (text), got {entry!r}")
+            if entry.strip() and entry.strip() not in entries:
+                entries.append(entry.strip())
+        return tuple(entries)
+
+    def named_dead_letter_sources(self, queue_name: str, entries: Iterable[str], *, stem: str | None = None,
+                                  placeholder: str = "{queue}", prefix: str = "") -> list[str]:
+        """:meth:`dead_letter_name` first, then each entry of a ``dead_letter_sources`` setting as a name, without
+        repeats: the written DLQ is always read, so configuring the list can never hide our own dead letters.
+
+        An entry holding ``placeholder`` is a template (``legacy-{queue}-dead``); one that starts with a letter or
+        digit is a full name, read for every queue; any other is a suffix after ``stem`` (``.dlq``, ``:failed``).
+
+        :param stem: what a suffix follows; ``queue_name`` by default (SQL passes its table).
+        :param prefix: put before every name made from an entry (Redis's ``key_prefix``, which every key takes).
+        """
+        stem = queue_name if stem is None else stem
+        names = [self.dead_letter_name(queue_name)]
+        for entry in entries:
+            if placeholder in entry:
+                name = entry.replace(placeholder, stem)
+            else:
+                name = entry if entry[:1].isalnum() else f"{stem}{entry}"
+            name = f"{prefix}{name}"
+            if name not in names:
+                names.append(name)
+        return names
+
+    def dead_letters_hidden_while_held(self, queue_name: str) -> bool:
+        """Whether dead letters reserved from ``queue_name``'s DLQ and not yet settled can hide the rest of it from
+        the next reservation (an SQS FIFO message group returns nothing more while one of it is in flight). A
+        drain or redrive then settles what it holds before it takes an empty reservation for an empty DLQ."""
+        return False
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release broker connections this binding created (injected clients are left open)."""

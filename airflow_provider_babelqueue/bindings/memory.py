@@ -2,6 +2,11 @@
 
 Everything lives in one process; nothing survives it. Thread-safe: several consumers may reserve
 concurrently, and ``reserve(timeout=...)`` blocks until a message is ready or the timeout passes.
+
+Dead letters are kept Redis-like, by dead-letter queue name: written to ``<queue>:failed``, read from
+``<queue>:failed`` and ``<queue>.dlq`` (where the official SDKs' workers put theirs), so the contract suite can
+check the dead-letter-sources rule without a broker. :meth:`MemoryBinding.put_dead_letter` stores bytes on any
+of them, as a peer's worker would.
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ from typing import Any
 from ..core.idempotency import InMemorySeenStore
 from .base import Binding, ReceivedMessage, bumped_body, check_sizes, dead_letter_body, parse_body
 
+#: What the twin reads besides the written DLQ, as Redis does: the spec's name and the SDKs' apps' name.
+DEFAULT_SOURCES = (":failed", ".dlq")
+
 __all__ = ["MemoryBinding", "MemoryConfig"]
 
 
@@ -25,10 +33,20 @@ class MemoryConfig:
     """:param visibility_timeout: seconds a reserved message may stay unacked before it is delivered
     again (what a crashed consumer leaves behind).
     :param max_message_bytes: refuse larger bodies before storing them (``None``: no limit), as the real
-        brokers do, so tests can exercise the refusal."""
+        brokers do, so tests can exercise the refusal.
+    :param dead_letter_suffix: dead letters are written to ``<queue><suffix>`` (the spec's Redis name).
+    :param dead_letter_sources: the DLQs read besides the written one (suffixes, ``{queue}`` templates or full
+        names; a list or comma text), as the Redis binding reads them."""
 
     visibility_timeout: float = 300.0
     max_message_bytes: int | None = None
+    dead_letter_suffix: str = ":failed"
+    dead_letter_sources: tuple[str, ...] | str | None = DEFAULT_SOURCES
+
+    def __post_init__(self) -> None:
+        if not self.dead_letter_suffix:
+            raise ValueError("dead_letter_suffix must not be empty: the DLQ would be the queue itself")
+        object.__setattr__(self, "dead_letter_sources", Binding.source_entries(self.dead_letter_sources))
 
 
 @dataclass(slots=True)
@@ -55,8 +73,10 @@ class MemoryBinding(Binding):
 
     # ------------------------------------------------------------------------------------ helpers
 
-    def _promote(self, queue_name: str, now: float) -> None:
-        delayed = self._delayed.get(queue_name)
+    def _promote(self, queue_name: str, now: float, dead: bool = False) -> None:
+        """Move due delayed messages to the ready list and expired reservations back where they were taken:
+        ``queue_name`` is the ready queue, or (``dead``) one dead-letter queue's name."""
+        delayed = None if dead else self._delayed.get(queue_name)
         if delayed:
             due = [item for item in delayed if item[0] <= now]
             if due:
@@ -64,27 +84,31 @@ class MemoryBinding(Binding):
                 self._ready.setdefault(queue_name, deque()).extend(
                     stored for _, stored in sorted(due, key=lambda i: i[0])
                 )
-        expired = [t for t, (q, _, deadline, _) in self._reserved.items() if q == queue_name and deadline <= now]
+        expired = [t for t, (key, d, deadline, _) in self._reserved.items()
+                   if key == queue_name and d == dead and deadline <= now]
         for token in expired:
-            _, dead, _, stored = self._reserved.pop(token)
+            _, _, _, stored = self._reserved.pop(token)
             (self._dead if dead else self._ready).setdefault(queue_name, deque()).append(stored)
 
     def _take(self, queue_name: str, timeout: float, dead: bool, limit: int = 1) -> list[ReceivedMessage]:
-        """Up to ``limit`` ready messages, each its own reservation; waits up to ``timeout`` for the first."""
+        """Up to ``limit`` ready messages (``dead``: from each dead-letter source in order), each its own
+        reservation, which remembers the list it came from; waits up to ``timeout`` for the first."""
         deadline = time.monotonic() + max(timeout, 0)
+        keys = self.dead_letter_sources(queue_name) if dead else [queue_name]
         with self._cond:
             while True:
                 now = time.monotonic()
-                self._promote(queue_name, now)
-                source = (self._dead if dead else self._ready).get(queue_name)
-                if source:
-                    taken: list[ReceivedMessage] = []
+                taken: list[ReceivedMessage] = []
+                for key in keys:
+                    self._promote(key, now, dead)
+                    source = (self._dead if dead else self._ready).get(key)
                     while source and len(taken) < limit:
                         stored = source.popleft()
                         stored.deliveries += 1
                         token = next(self._tokens)
-                        self._reserved[token] = (queue_name, dead, now + self.config.visibility_timeout, stored)
-                        taken.append(self._message(stored, queue_name, dead, token))
+                        self._reserved[token] = (key, dead, now + self.config.visibility_timeout, stored)
+                        taken.append(self._message(stored, queue_name, key if dead else None, token))
+                if taken:
                     return taken
                 remaining = deadline - now
                 if remaining <= 0 or limit <= 0:
@@ -92,7 +116,7 @@ class MemoryBinding(Binding):
                 self._cond.wait(min(remaining, 0.05))
 
     @staticmethod
-    def _message(stored: _Stored, queue_name: str, dead: bool, token: int | None) -> ReceivedMessage:
+    def _message(stored: _Stored, queue_name: str, source: str | None, token: int | None) -> ReceivedMessage:
         envelope, error, body_attempts = parse_body(stored.body)
         return ReceivedMessage(
             body=stored.body,
@@ -103,12 +127,20 @@ class MemoryBinding(Binding):
             delivery_count=stored.deliveries,
             headers=dict(stored.headers),
             receipt=token,
-            from_dead_letter=dead,
+            from_dead_letter=source is not None,
+            dead_letter_source=source,
         )
 
     def _settle(self, message: ReceivedMessage) -> _Stored | None:
         entry = self._reserved.pop(message.receipt, None)
         return entry[3] if entry else None
+
+    def put_dead_letter(self, body: bytes, name: str, headers: Mapping[str, Any] | None = None) -> None:
+        """Store ``body`` as it is on the dead-letter queue ``name`` (e.g. ``orders.dlq``), as a peer SDK's worker
+        does; nothing is annotated. For tests and demos of the dead-letter-sources rule."""
+        with self._cond:
+            self._dead.setdefault(name, deque()).append(_Stored(bytes(body), dict(headers or {})))
+            self._cond.notify_all()
 
     # --------------------------------------------------------------------------------- protocol
 
@@ -149,12 +181,13 @@ class MemoryBinding(Binding):
 
     def release(self, message: ReceivedMessage, delay: float = 0) -> None:
         with self._cond:
-            if self._settle(message) is None:
+            entry = self._reserved.pop(message.receipt, None)
+            if entry is None:
                 return
-        if message.from_dead_letter:
-            with self._cond:
-                self._dead.setdefault(message.queue_name, deque()).append(_Stored(message.body, message.headers))
-            return
+            if message.from_dead_letter:  # back on the DLQ it came from, unchanged
+                self._dead.setdefault(entry[0], deque()).append(_Stored(message.body, message.headers))
+                self._cond.notify_all()
+                return
         self.publish(bumped_body(message), message.queue_name, headers=message.headers, delay=delay)
 
     def dead_letter(
@@ -164,7 +197,9 @@ class MemoryBinding(Binding):
         with self._cond:
             if self._settle(message) is None:
                 return
-            self._dead.setdefault(message.queue_name, deque()).append(_Stored(body, message.headers))
+            self._dead.setdefault(self.dead_letter_name(message.queue_name), deque()).append(
+                _Stored(body, message.headers))
+            self._cond.notify_all()
 
     def depth(self, queue_name: str) -> int:
         with self._cond:
@@ -172,16 +207,31 @@ class MemoryBinding(Binding):
             return len(self._ready.get(queue_name, ()))
 
     def dead_letter_depth(self, queue_name: str) -> int:
+        """The sum over the dead-letter sources (a missing one counts 0)."""
         with self._cond:
-            return len(self._dead.get(queue_name, ()))
+            now = time.monotonic()
+            total = 0
+            for key in self.dead_letter_sources(queue_name):
+                self._promote(key, now, dead=True)
+                total += len(self._dead.get(key, ()))
+            return total
 
     def browse_dead_letters(self, queue_name: str, limit: int = 100) -> list[ReceivedMessage]:
+        """Each source's dead letters in reading order, up to ``limit`` in all; nothing is reserved."""
+        items: list[tuple[str, _Stored]] = []
         with self._cond:
-            items = list(self._dead.get(queue_name, ()))[: max(limit, 0)]
-        return [self._message(stored, queue_name, True, None) for stored in items]
+            for key in self.dead_letter_sources(queue_name):
+                items += [(key, stored) for stored in list(self._dead.get(key, ()))[: max(limit - len(items), 0)]]
+        return [self._message(stored, queue_name, key, None) for key, stored in items]
 
     def dead_letter_name(self, queue_name: str) -> str:
-        return f"{queue_name}:failed"
+        return f"{queue_name}{self.config.dead_letter_suffix}"
+
+    def dead_letter_sources(self, queue_name: str) -> list[str]:
+        """The written DLQ, then the configured ones (by default ``<queue>:failed`` and ``<queue>.dlq``)."""
+        entries = self.config.dead_letter_sources
+        assert isinstance(entries, tuple)  # normalised by MemoryConfig
+        return self.named_dead_letter_sources(queue_name, entries)
 
     def seen_store(self, name: str) -> InMemorySeenStore:
         with self._cond:

@@ -35,6 +35,13 @@ def _dead_letter_suffix(description: str, *, doc: str, default: str) -> Extra:
     return Extra("dead_letter_suffix", "str", "Dead-letter suffix", description, default=default, doc=doc)
 
 
+def _dead_letter_sources(description: str, *, doc: str, default: str | None = None, doc_default: str = "") -> Extra:
+    """The DLQs every read takes besides the written one. Not converted here: the hook hands the raw value (a JSON
+    list, or comma text from the form) to the config, which splits and checks it (``Binding.source_entries``)."""
+    return Extra("dead_letter_sources", "str", "Dead-letter sources", description, default=default,
+                 to_config=False, doc=doc, doc_default=doc_default)
+
+
 SQL = ConnectionSpec(
     conn_type="babelqueue_sql",
     hook_name="BabelQueue SQL",
@@ -53,6 +60,11 @@ SQL = ConnectionSpec(
               doc="a full SQLAlchemy URL for any driver; overrides the fields above (treated as a secret in the UI)"),
         Extra("table", "str", "Table", "Ready-message table; dead letters go to <table>_failed", default="jobs",
               doc="ready-message table; dead letters go to `<table>_failed`. Letters, digits and `_` only"),
+        _dead_letter_sources(
+            "More dead-letter tables to read (same layout): names, _suffixes or {table} templates, comma-separated",
+            doc_default="none",
+            doc="more dead-letter tables every read takes after `<table>_failed` (same layout; never created): a "
+            "JSON list or comma text of full names, suffixes after the table (`_dlq`) or `{table}` templates"),
         _visibility_timeout(
             "An unacked reservation returns to the queue after this many seconds", default=300,
             doc="seconds after which a reservation that was neither acked, released nor dead-lettered returns to "
@@ -89,8 +101,19 @@ REDIS = ConnectionSpec(
         Extra("key_prefix", "str", "Key prefix", "Prepended to every key this connection touches",
               doc="prepended to every key the connection touches", doc_default='`""`'),
         _dead_letter_suffix(
-            "DLQ list = <queue><suffix>; ':failed' by default, '.dlq' for the SDKs' apps", default=":failed",
-            doc="DLQ list = `<queue><suffix>`; the official SDKs' apps use `.dlq`"),
+            "Dead letters are written to <queue><suffix>; ':failed' is the spec's", default=":failed",
+            doc="dead letters are written to the list `<queue><suffix>` (the spec's `:failed`; the official SDKs' "
+            "apps write `.dlq`)"),
+        _dead_letter_sources(
+            "DLQ lists reads also take: suffixes, names or {queue} templates, comma-separated; 'none': no more",
+            default=":failed,.dlq",
+            doc="DLQ lists every read (count, drain, browse, redrive) takes after the written one: a JSON list or "
+            "comma text of suffixes, full names or `{queue}` templates (`none` or `[]`: no more); `.dlq` is where "
+            "the official SDKs' workers write"),
+        Extra("frames", "bool", "Write header frames",
+              "With headers, publish the SDKs' {\"__bq_frame\":1,...} frame (not in the spec)", default=False,
+              doc="`publish(headers=...)` stores the SDKs' header frame (Node, Python) instead of the bare envelope; "
+              "off (the spec), headers are dropped. Frames are unwrapped on reserve either way"),
         _visibility_timeout(
             "A reservation left by a crashed consumer returns to the queue after this", default=300,
             doc="seconds before a reservation left by a crashed consumer returns to the queue"),
@@ -115,8 +138,15 @@ RABBITMQ = ConnectionSpec(
         Extra("ssl_ca_certs", "path", "CA bundle path",
               doc="CA bundle path for a server certificate the system store does not trust"),
         _dead_letter_suffix(
-            "DLQ = <queue><suffix>; '.failed' by default, '.dlq' for the SDKs' apps", default=".failed",
-            doc="DLQ = `<queue><suffix>` (spec default); the official SDKs' apps use `.dlq`"),
+            "Dead letters are written to <queue><suffix>; '.failed' is the spec's", default=".failed",
+            doc="dead letters are written to `<queue><suffix>` (the spec's `.failed`; the official SDKs' apps "
+            "write `.dlq`)"),
+        _dead_letter_sources(
+            "DLQs reads also take: suffixes, names or {queue} templates, comma-separated; 'none': no more",
+            default=".failed,.dlq",
+            doc="DLQs every read (count, drain, redrive) takes after the written one, by passive declare (a missing "
+            "one is empty, never created): a JSON list or comma text of suffixes, full names or `{queue}` "
+            "templates (`none` or `[]`: no more); `.dlq` is where the official SDKs' workers write"),
         Extra("declare_queues", "bool", "Declare missing queues",
               "Off: only use queues someone else declared (passive declares)", default=True,
               doc="create missing queues (durable, no arguments); `false` = only use queues someone declared "
@@ -158,7 +188,14 @@ SQS = ConnectionSpec(
               doc="send no `MessageDeduplicationId` (the FIFO queue hashes the body)"),
         _dead_letter_suffix(
             "DLQ = <queue><suffix> without a RedrivePolicy; '-dlq' for the SDKs' apps", default="-failed",
-            doc="fallback DLQ name `<queue><suffix>`; `-dlq` matches the official SDK apps"),
+            doc="where dead letters are written without a RedrivePolicy: `<queue><suffix>` (FIFO: "
+            "`<queue><suffix>.fifo`)"),
+        Extra("dead_letter_sources", "str", "Dead-letter sources",
+              "DLQs reads also take (counts, drains, redrives): suffixes, names or {queue} templates, "
+              "comma-separated; 'none': only the written one", default="-failed,-dlq", to_config=False,
+              doc="DLQs every read takes after the RedrivePolicy target and the written one: comma-separated "
+              "suffixes, full names or `{queue}` templates (`none`: no more); `-dlq` is where the official "
+              "SDKs' workers write"),
         _max_message_bytes(
             "Checked before sending (body + attributes); SQS allows up to 1048576", default=1_048_576,
             minimum=1024, maximum=1_048_576,
@@ -203,6 +240,11 @@ PULSAR = ConnectionSpec(
               default="babelqueue", doc="the Shared subscription every consumer joins (the SDKs' name)"),
         _dead_letter_suffix("DLQ topic = <queue><suffix>", default=".dlq",
                             doc="dead letters go to the topic `<queue><suffix>`"),
+        _dead_letter_sources(
+            "More DLQ topics to read: suffixes, names or {queue} templates, comma-separated", doc_default="none",
+            doc="more dead-letter topics every read takes after the written one (read only when their stats show "
+            "messages, so never created): a JSON list or comma text of suffixes, full topic names or `{queue}` "
+            "templates"),
         Extra("tls_trust_certs_file_path", "path", "CA bundle path",
               doc="CA bundle for `pulsar+ssl://` and `https://`", doc_default="certifi / system store"),
         Extra("tls_validate_hostname", "bool", "Verify TLS host name", default=True,
@@ -247,9 +289,16 @@ AZURE_SERVICE_BUS = ConnectionSpec(
               doc="dead letters go to the queue's `$DeadLetterQueue` sub-queue; `false`: an annotated copy goes to "
               "the plain queue `<queue><dead_letter_queue_suffix>`"),
         Extra("dead_letter_queue_suffix", "str", "Plain dead-letter queue suffix",
-              "Also read <queue><suffix> as a DLQ ('.dlq' for the SDKs' apps); empty: none",
-              doc="a plain dead-letter queue `<queue><suffix>` that DLQ reads, counts and browses also take in, "
-              "after the sub-queue; `.dlq` is what the official SDKs' apps write"),
+              "The plain DLQ <queue><suffix> written when native dead-lettering is off (and then read too)",
+              doc="the plain dead-letter queue `<queue><suffix>` written when `native_dead_letter` is off; when "
+              "set, reads take it too"),
+        _dead_letter_sources(
+            "DLQs reads also take: /$DeadLetterQueue, suffixes, names or {queue} templates, comma-separated",
+            default="/$DeadLetterQueue,.dlq",
+            doc="DLQs every read (count, drain, browse, redrive) takes after the written one: a JSON list or comma "
+            "text of suffixes (`/$DeadLetterQueue` is the native sub-queue), full names or `{queue}` templates "
+            "(`none` or `[]`: no more). A missing plain queue is empty, never created; `.dlq` is where the "
+            "official SDKs' apps write"),
         Extra("create_queues", "bool", "Create missing queues",
               "Needs Manage rights; off: queues are provisioned elsewhere (IaC)", default=False,
               doc="create missing queues on first use (needs Manage); off: a missing queue is an error naming it"),

@@ -17,7 +17,7 @@ class BabelQueueRabbitMQHook(BabelQueueHook):
     """Durable RabbitMQ queues on the default exchange, in the official SDKs' layout (DLQ ``<queue>.failed``).
 
     Fields: host, port (5672), schema (the virtual host, ``/`` when empty), login, password. The extras (TLS,
-    DLQ suffix, passive declares, publisher confirms, heartbeat, size limit) are declared in
+    DLQ suffix and the DLQs reads take, passive declares, publisher confirms, heartbeat, size limit) are declared in
     :data:`~airflow_provider_babelqueue.hooks.connection_specs.RABBITMQ` and go to the config as they are.
     """
 
@@ -36,6 +36,8 @@ class BabelQueueRabbitMQHook(BabelQueueHook):
         if connection.password:
             options["password"] = connection.password
         options.update(self.config_options(extras))
+        if "dead_letter_sources" in extras:  # a JSON list or comma text, as it is: the config splits and checks it
+            options["dead_letter_sources"] = extras["dead_letter_sources"]
         return RabbitMQBinding(make_config(RabbitMQConfig, connection, options))
 
     def describe(self, connection: Connection) -> str:

@@ -17,8 +17,9 @@ class BabelQueueRedisHook(BabelQueueHook):
     """Redis lists in the cross-SDK layout (ready list = the queue name, ``<queue>:processing``, DLQ list).
 
     Fields: host, port (6379), login (ACL user), password. The extras (database number, TLS, key prefix, DLQ
-    suffix, visibility timeout, size limit) are declared in
-    :data:`~airflow_provider_babelqueue.hooks.connection_specs.REDIS` and go to the config as they are.
+    suffix and the DLQ lists reads take, header frames, visibility timeout, size limit) are declared in
+    :data:`~airflow_provider_babelqueue.hooks.connection_specs.REDIS` and go to the config as they are
+    (``dead_letter_sources`` unconverted: the config takes a JSON list or comma text).
     """
 
     connection_spec = REDIS
@@ -32,6 +33,8 @@ class BabelQueueRedisHook(BabelQueueHook):
         if connection.password:
             options["password"] = connection.password
         options.update(self.config_options(extras))
+        if "dead_letter_sources" in extras:  # a JSON list or comma text, as it is: the config splits and checks it
+            options["dead_letter_sources"] = extras["dead_letter_sources"]
         return RedisBinding(make_config(RedisConfig, connection, options))
 
     def describe(self, connection: Connection) -> str:

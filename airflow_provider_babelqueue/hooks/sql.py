@@ -55,7 +55,8 @@ class BabelQueueSqlHook(BabelQueueHook):
     The embedded default: with no server at all, the ``babelqueue_default`` connection is a SQLite file in
     ``$AIRFLOW_HOME``. The extras are declared in :data:`~airflow_provider_babelqueue.hooks.connection_specs.SQL`:
     ``dialect``, ``sqlalchemy_url`` and the PostgreSQL TLS settings (libpq's names and meanings) make the URL
-    (:func:`sql_url`), the others go to the config as they are.
+    (:func:`sql_url`), the others go to the config as they are (``dead_letter_sources`` unconverted: the config
+    takes a JSON list or comma text of further dead-letter tables).
     """
 
     connection_spec = SQL
@@ -64,6 +65,8 @@ class BabelQueueSqlHook(BabelQueueHook):
         from ..bindings.sql import SqlBinding, SqlConfig
 
         options: dict[str, Any] = {"url": sql_url(connection, extras), **self.config_options(extras)}
+        if "dead_letter_sources" in extras:  # a JSON list or comma text, as it is: the config splits and checks it
+            options["dead_letter_sources"] = extras["dead_letter_sources"]
         return SqlBinding(make_config(SqlConfig, connection, options))
 
     def describe(self, connection: Connection) -> str:

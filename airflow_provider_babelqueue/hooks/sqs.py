@@ -7,7 +7,7 @@ from typing import Any
 from airflow.sdk import Connection
 
 from ..bindings.base import Binding
-from .base import BabelQueueHook, ConnectionConfigError, make_config
+from .base import BabelQueueHook, ConnectionConfigError, make_config, read_extras
 from .connection_specs import SQS
 
 __all__ = ["BabelQueueSqsHook"]
@@ -18,9 +18,10 @@ class BabelQueueSqsHook(BabelQueueHook):
 
     Fields: login = AWS access key id, password = secret access key. Leave both empty to use the default
     credential chain (environment, profile, instance or task role), which production should prefer.
-    The extras (region, endpoint, session token, role to assume, FIFO settings, DLQ suffix, size limit, depth,
-    queue creation, visibility and long-poll times) are declared in
-    :data:`~airflow_provider_babelqueue.hooks.connection_specs.SQS` and go to the config as they are.
+    The extras (region, endpoint, session token, role to assume, FIFO settings, DLQ suffix and the DLQs reads
+    take, size limit, depth, queue creation, visibility and long-poll times) are declared in
+    :data:`~airflow_provider_babelqueue.hooks.connection_specs.SQS` and go to the config as they are, except
+    ``dead_letter_sources``: comma-separated text in the form, which the config splits into a tuple.
     """
 
     connection_spec = SQS
@@ -36,6 +37,8 @@ class BabelQueueSqsHook(BabelQueueHook):
         options: dict[str, Any] = {"aws_access_key_id": connection.login or None,
                                    "aws_secret_access_key": connection.password or None,
                                    **self.config_options(extras)}
+        # Comma text in the form; the config splits it (Binding.source_entries), "none" reading only the written DLQ.
+        options |= read_extras([e for e in SQS.extras if e.name == "dead_letter_sources"], extras)
         return SqsBinding(make_config(SqsConfig, connection, options))
 
     def describe(self, connection: Connection) -> str:

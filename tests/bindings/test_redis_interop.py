@@ -13,8 +13,9 @@ Compatibility facts verified here (babelqueue 1.24 ``RedisTransport``, ``laravel
   our binding's calls (reserve / depth) promotes them, so an SDK-only consumer fleet never sees them early
   (and does not see them at all until an Airflow-side call runs).
 * ``publish_with_headers`` with headers stores a transport frame ``{"__bq_frame":1,...}``, not a bare
-  envelope; our binding delivers the stored bytes as they are (no unframing), so such a value fails
-  ``check`` with ``missing_urn`` and would be quarantined on our side.
+  envelope; our binding unwraps it on reserve (the inner envelope, the frame's headers) and keeps the stored
+  bytes as the message's body, so the ack removes exactly them (``tests/bindings/test_redis_frames.py`` covers
+  the other direction).
 """
 
 from __future__ import annotations
@@ -172,10 +173,13 @@ def test_our_delayed_items_are_invisible_to_the_sdk_until_promoted(ours: RedisBi
 
 def test_sdk_header_frames_arrive_as_stored(ours: RedisBinding, rc: Any, queue: str) -> None:
     raw = EnvelopeCodec.encode(EnvelopeCodec.make("urn:babel:orders:created", {"order_id": 9}, queue=queue))
-    sdk().publish_with_headers(queue, raw, {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    sdk().publish_with_headers(queue, raw, {"traceparent": traceparent})
     [stored] = rc.lrange(queue, 0, -1)
     assert stored != raw.encode() and b'"__bq_frame"' in stored
     message = must(ours.reserve(queue))
-    assert message.body == stored and message.headers == {}
-    assert message.envelope is not None and bq.check(message.envelope) == bq.Reason.MISSING_URN
+    # The stored bytes stay the body (the ack removes exactly them); envelope and headers are the frame's.
+    assert message.body == stored and message.headers == {"traceparent": traceparent}
+    assert message.envelope == bq.decode(raw.encode()) and bq.check(message.envelope) is None
     ours.ack(message)
+    assert not rc.exists(queue, f"{queue}:processing", f"{queue}:processing:deadlines")

@@ -31,6 +31,7 @@ from airflow_provider_babelqueue.bindings.sqs import (
     message_attributes,
     reconcile_attempts,
 )
+from airflow_provider_babelqueue.bindings.sqs.wire import dead_letter_source_names
 from airflow_provider_babelqueue.hooks.base import ConnectionConfigError
 from airflow_provider_babelqueue.hooks.sqs import BabelQueueSqsHook
 from tests.bindings.sqs_server import (
@@ -361,6 +362,105 @@ def test_fallback_dlq_is_created_for_triage(make: Factory, admin: Any, q: str) -
     assert binding.dead_letter_depth(q) == 0
 
 
+def test_dlq_source_names_keep_the_fifo_rule() -> None:
+    entries = ("-failed", "-dlq", "dead-{queue}", "shared-dead-letters")
+    assert dead_letter_source_names("orders", entries) == [
+        "orders-failed", "orders-dlq", "dead-orders", "shared-dead-letters"]
+    assert dead_letter_source_names("orders.fifo", entries) == [
+        "orders-failed.fifo", "orders-dlq.fifo", "dead-orders.fifo", "shared-dead-letters.fifo"]
+    assert SqsConfig().dead_letter_sources == ("-failed", "-dlq")
+    assert SqsConfig(dead_letter_sources=" -dlq , dead-{queue},-dlq").dead_letter_sources == ("-dlq", "dead-{queue}")
+    assert SqsConfig(dead_letter_sources="none").dead_letter_sources == ()
+    with pytest.raises(ValueError, match=r"dead_letter_sources entry '\.dlq'"):
+        SqsConfig(dead_letter_sources=".dlq")  # '.' is illegal in SQS names
+
+
+def test_every_read_takes_every_source_in_order(make: Factory, admin: Any, q: str) -> None:
+    target = admin.create_queue(QueueName=f"{q}-native")["QueueUrl"]
+    arn = admin.get_queue_attributes(QueueUrl=target, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    admin.create_queue(QueueName=q, Attributes={"RedrivePolicy": json.dumps({"deadLetterTargetArn": arn,
+                                                                             "maxReceiveCount": 5})})
+    sources = [f"{q}-native", f"{q}-failed", f"{q}-dlq"]
+    for n, name in enumerate(sources):  # 1 + 2 + 3 dead letters, -failed and -dlq made by someone else
+        url = target if n == 0 else admin.create_queue(QueueName=name)["QueueUrl"]
+        for i in range(n + 1):
+            admin.send_message(QueueUrl=url, MessageBody=body_for(q, 10 * n + i).decode())
+    binding = make()
+    assert binding.dead_letter_sources(q) == sources and binding.dead_letter_name(q) == f"{q}-native"
+    assert binding.dead_letter_depth(q) == 6
+    taken = binding.reserve_dead_letters(q, 100)
+    assert [m.dead_letter_source for m in taken] == [sources[0]] + [sources[1]] * 2 + [sources[2]] * 3
+    assert all(m.from_dead_letter and m.queue_name == q for m in taken)
+    binding.release(taken[-1])  # back to the queue it came from, unchanged
+    binding.ack_many(taken[:-1])
+    assert binding.dead_letter_depth(q) == 1
+    again = binding.reserve_dead_letter(q, timeout=1)
+    assert again.dead_letter_source == f"{q}-dlq" and again.body == taken[-1].body
+    binding.ack(again)
+    assert binding.dead_letter_depth(q) == 0 and binding.reserve_dead_letter(q) is None
+
+
+def test_reads_never_create_a_queue(make: Factory, admin: Any, q: str) -> None:
+    binding, before = make(), queue_urls(admin)  # create_queues is on
+    assert binding.dead_letter_depth(q) == 0 and binding.reserve_dead_letter(q, timeout=0) is None
+    assert binding.reserve_dead_letters(f"{q}.fifo", 10) == [] and binding.dead_letter_depth(f"{q}.fifo") == 0
+    assert binding.dead_letter_name(q) == f"{q}-failed"
+    assert binding.dead_letter_sources(f"{q}.fifo") == [f"{q}-failed.fifo", f"{q}-dlq.fifo"]
+    assert queue_urls(admin) == before  # neither the DLQs nor the queue itself
+    admin.create_queue(QueueName=f"{q}-dlq")  # appears later: found once the 30 s miss memory is forgotten
+    binding._missing.clear()
+    assert binding.dead_letter_depth(q) == 0 and binding.dead_letter_sources(q) == [f"{q}-failed", f"{q}-dlq"]
+    assert not any(url.endswith(f"/{q}-failed") or url.endswith(f"/{q}") for url in queue_urls(admin))
+
+
+def test_only_the_written_dlq_is_read_when_configured_so(make: Factory, admin: Any, q: str) -> None:
+    url = admin.create_queue(QueueName=f"{q}-dlq")["QueueUrl"]
+    admin.send_message(QueueUrl=url, MessageBody=body_for(q).decode())
+    binding = make(dead_letter_sources="none")
+    assert binding.dead_letter_sources(q) == [f"{q}-failed"] and binding.dead_letter_depth(q) == 0
+    sdk_side = make(dead_letter_suffix="-dlq", dead_letter_sources=())
+    assert sdk_side.dead_letter_sources(q) == [f"{q}-dlq"] and sdk_side.dead_letter_depth(q) == 1
+
+
+def test_fifo_dead_letters_are_received_ten_at_a_time(make: Factory, admin: Any, recorder: Recorder, q: str) -> None:
+    fifo = f"{q}.fifo"
+    url = admin.create_queue(QueueName=f"{q}-dlq.fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
+    bodies = [body_for(fifo, n) for n in range(12)]
+    for body in bodies:  # one message group, as both SDKs write their dead letters
+        admin.send_message(QueueUrl=url, MessageBody=body.decode(), MessageGroupId="dlq",
+                           MessageDeduplicationId=bq.decode(body)["meta"]["id"])
+    binding = make(client=recorder.client)
+    assert binding.dead_letters_hidden_while_held(fifo) and not binding.dead_letters_hidden_while_held(q)
+    first = binding.reserve_dead_letters(fifo, 100)
+    assert [m.body for m in first] == bodies[:10]  # one receive; the group's rest is hidden while these are held
+    assert binding.reserve_dead_letters(fifo, 100) == []
+    binding.ack_many(first)  # settled: the group goes on
+    rest = binding.reserve_dead_letters(fifo, 100)
+    assert [m.body for m in rest] == bodies[10:]
+    binding.ack_many(rest)
+    assert {p["MaxNumberOfMessages"] for p in recorder.of("ReceiveMessage")} == {10}
+    assert [len(p["Entries"]) for p in recorder.of("DeleteMessageBatch")] == [10, 2]
+
+
+def test_a_redriven_fifo_message_gets_a_fresh_deduplication_id(
+    make: Factory, admin: Any, recorder: Recorder, q: str
+) -> None:
+    """SQS drops a FIFO send whose deduplication id it saw within 5 minutes, even when that message was deleted
+    since; moto only compares with messages still queued, so the id sent is what is checked here."""
+    fifo = f"{q}.fifo"
+    binding = make(client=recorder.client)
+    binding.publish(body_for(fifo), fifo)
+    binding.dead_letter(binding.reserve(fifo, timeout=1), "failed")
+    dead = binding.reserve_dead_letter(fifo, timeout=1)
+    fresh = body_for(fifo, 1)
+    redriven = bq.encode(bq.reset_for_replay(bq.decode(dead.body)))
+    binding.publish_batch([fresh, redriven], fifo)
+    [batch] = recorder.of("SendMessageBatch")
+    assert batch["Entries"][0]["MessageDeduplicationId"] == bq.decode(fresh)["meta"]["id"]
+    assert batch["Entries"][1]["MessageDeduplicationId"] not in ("", dead.meta_id)
+    binding.ack(dead)
+
+
 def test_missing_queues_are_an_error_when_creation_is_off(make: Factory, admin: Any, q: str) -> None:
     with pytest.raises(BindingError, match=rf"'{q}'.*does not exist; create it, or enable create_queues"):
         make(create_queues=False).reserve(q)
@@ -445,6 +545,7 @@ def test_hook_builds_the_binding_from_allowlisted_extras(
         "region_name": REGION,
         "endpoint_url": endpoint,
         "dead_letter_suffix": "-dlq",
+        "dead_letter_sources": "-failed, legacy-{queue}",
         "create_queues": "true",
         "max_message_bytes": "524288",
         "visibility_timeout": "45",
@@ -458,6 +559,7 @@ def test_hook_builds_the_binding_from_allowlisted_extras(
     config = hook.get_binding().config
     assert (config.region_name, config.dead_letter_suffix, config.max_message_bytes) == (REGION, "-dlq", 524288)
     assert config.visibility_timeout == 45.0 and config.aws_secret_access_key == SECRET
+    assert config.dead_letter_sources == ("-failed", "legacy-{queue}")
     binding = hook.get_binding()
     binding.publish(body_for(q), q)
     binding.dead_letter(binding.reserve(q), "failed")

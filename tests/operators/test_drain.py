@@ -581,8 +581,8 @@ def record_requests(monkeypatch: pytest.MonkeyPatch, binding: Any) -> list[tuple
     calls: list[tuple[int, int]] = []
     opener = binding.open_dead_letter_pipeline
 
-    def open_recording(queue_name: str) -> Any:
-        pipeline = opener(queue_name)
+    def open_recording(queue_name: str, **options: Any) -> Any:  # options: which DLQ source (one per pipeline)
+        pipeline = opener(queue_name, **options)
         request = pipeline.request
 
         def recording(limit: int) -> int:
@@ -622,8 +622,9 @@ def test_a_pipelined_drain_writes_every_record_exactly_and_reserves_one_batch_ah
         drained_at = orjson.loads(line)["drained_at"]
         assert line == drain_record(redis_like(body, queue_name, from_dead_letter=True), broker="redis",
                                     dead_letter_queue=dlq, source_conn_id="bq_redis", drained_at=drained_at)
-    # The next batch is asked for while this one is written (one in flight); the short batch ends the run.
-    assert calls == [(1000, 0), (1000, 0), (1000, 0)]
+    # The next batch is asked for while this one is written (one in flight); the short batch ends the run. The
+    # last request is the pipeline of the second dead-letter source, <queue>.dlq (empty here).
+    assert calls == [(1000, 0), (1000, 0), (1000, 0), (1000, 0)]
     assert redis_binding.dead_letter_depth(queue_name) == 0
     assert_settled(redis_binding, queue_name)
 

@@ -478,7 +478,7 @@ def test_duplicates_within_one_batch_follow_the_digest_rule(monkeypatch: pytest.
     failed_again["dead_letter"]["error"] = "failed again after the replay"
     changed = bq.encode(failed_again)  # same meta.id as `first`, other bytes
     for body in (first, second, first, changed):  # exact DLQ bytes: a staging duplicate and a changed copy
-        binding._dead.setdefault("orders", collections.deque()).append(_Stored(body, {}))
+        binding._dead.setdefault(binding.dead_letter_name("orders"), collections.deque()).append(_Stored(body, {}))
     use_bindings(monkeypatch, replay_module, {"bq": binding})
     result = run_replay(source_conn_id="bq", queue_name="orders", batch_size=10)  # all four in one lookup batch
     assert (result["replayed"], result["duplicates_avoided"], result["duplicates_kept"]) == (2, 2, 1)

@@ -12,8 +12,10 @@ Choices (docs/connections/azure-service-bus.md says more):
 * ``dead_letter`` is native: the message moves to ``<queue>/$DeadLetterQueue`` with DeadLetterReason = the
   reason and DeadLetterErrorDescription = JSON of error, exception, failed_at and attempts. Service Bus keeps
   the body as it was, so every DLQ read (reserve, browse) hands out the body with a ``dead_letter`` block,
-  rebuilt from those properties (or from the DeliveryCount for foreign dead letters). Optionally the SDKs'
-  apps' plain ``<queue>.dlq`` queue is read too, or written instead (``native_dead_letter=False``).
+  rebuilt from those properties (or from the DeliveryCount for foreign dead letters). Every DLQ read takes each
+  of :meth:`AzureServiceBusBinding.dead_letter_sources` in order: by default the sub-queue and the SDKs' apps'
+  plain ``<queue>.dlq`` queue (absent: empty, never created by a read). The plain queue is written instead with
+  ``native_dead_letter=False``.
 * ``depth`` / ``dead_letter_depth`` are one management call (``get_queue_runtime_properties``, HTTPS, Manage
   rights): ActiveMessageCount counts peek-locked messages too; scheduled ones are not counted.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import re
 import threading
 import time
@@ -77,6 +80,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _SLICE = 1.0  # longest single receive: other threads' settles on the same receiver wait at most this long
+#: Seconds a plain dead-letter queue found missing is skipped before it is looked for again.
+_MISSING_RECHECK = 60.0
 
 
 class AzureServiceBusBinding(Binding):
@@ -101,7 +106,8 @@ class AzureServiceBusBinding(Binding):
         self._senders: dict[str, tuple[Any, threading.Lock]] = {}
         self._receivers: dict[str, tuple[Any, threading.Lock]] = {}
         self._ensured: set[str] = set()
-        self._missing: set[str] = set()  # plain dead-letter queues found absent: read as empty
+        #: Plain dead-letter queues found absent (read as empty) → when; looked up again after a while.
+        self._missing: dict[str, float] = {}
 
     # ---------------------------------------------------------------------------------------- clients
 
@@ -197,12 +203,23 @@ class AzureServiceBusBinding(Binding):
     def _sender(self, queue: str) -> tuple[Any, threading.Lock]:
         return self._handler(self._senders, queue, queue, lambda: self.client.get_queue_sender(queue))
 
+    @staticmethod
+    def _native(name: str) -> bool:
+        """Whether a dead-letter source name is a queue's ``$DeadLetterQueue`` sub-queue (else a plain queue)."""
+        return name.endswith(f"/{DEAD_LETTER_SUBQUEUE}")
+
     def _receiver(self, queue: str, source: str) -> tuple[str, Any, threading.Lock]:
-        """The PeekLock receiver of ``source``: ``queue``, ``native`` (its $DeadLetterQueue) or ``plain``."""
-        name = self._plain(queue) if source == "plain" else queue
-        key = f"{name}/{DEAD_LETTER_SUBQUEUE}" if source == "native" else name
-        sub = self._sb.ServiceBusSubQueue.DEAD_LETTER if source == "native" else None
-        ensured = name if source != "plain" or not self.config.native_dead_letter else ""  # reads create no DLQ
+        """The PeekLock receiver of ``source``: ``"queue"`` (the queue itself) or one of the queue's dead-letter
+        sources. Only the queue itself, whose sub-queue a native source is, and the plain DLQ we write are
+        created (with ``create_queues``): a read never creates another DLQ."""
+        if source == "queue":
+            name, sub, ensured = queue, None, queue
+        elif self._native(source):
+            name, sub = source.removesuffix(f"/{DEAD_LETTER_SUBQUEUE}"), self._sb.ServiceBusSubQueue.DEAD_LETTER
+            ensured = name
+        else:
+            name, sub, ensured = source, None, source if source == self.dead_letter_name(queue) else ""
+        key = queue if source == "queue" else source
         return (key, *self._handler(self._receivers, key, ensured, lambda: self.client.get_queue_receiver(
             name, sub_queue=sub, prefetch_count=0)))
 
@@ -212,7 +229,8 @@ class AzureServiceBusBinding(Binding):
         Waits in slices so other threads can settle on the same receiver meanwhile. A message whose lock
         expired while it sat in the SDK's buffer is dropped: Service Bus hands it out again anyway."""
         deadline = time.monotonic() + max(timeout, self.config.min_receive_wait)
-        with self._absent(queue, source):
+        dead = source != "queue"
+        with self._absent(source):
             key, receiver, lock = self._receiver(queue, source)
             while True:
                 wait = min(max(deadline - time.monotonic(), 0.01), _SLICE)
@@ -221,27 +239,39 @@ class AzureServiceBusBinding(Binding):
                 now = dt.datetime.now(dt.UTC)
                 live = [m for m in got if m.locked_until_utc is None or m.locked_until_utc > now]
                 if live or time.monotonic() >= deadline:
-                    return [received_message(m, queue, source != "queue", Receipt(key, m)) for m in live]
+                    return [received_message(m, queue, dead, Receipt(key, m), source) for m in live]
         return []
 
     @contextmanager
-    def _absent(self, queue: str, source: str) -> Iterator[None]:
-        """A plain dead-letter queue that does not exist reads as empty (logged once); anything else raises."""
+    def _absent(self, source: str) -> Iterator[None]:
+        """A plain dead-letter queue that does not exist reads as empty (said at DEBUG: with the default sources
+        that is the usual case); anything else raises."""
         try:
             yield
         except BindingError as exc:
-            if source != "plain" or not self._caused_by(exc, "MessagingEntityNotFoundError"):
+            if source == "queue" or self._native(source) or not self._caused_by(exc, "MessagingEntityNotFoundError"):
                 raise
-            logger.warning("plain dead-letter queue %r does not exist; read as empty", self._plain(queue))
-            self._missing.add(queue)
+            logger.debug("plain dead-letter queue %r does not exist; read as empty", source)
+            self._missing[source] = time.monotonic()
             with self._lock:
-                handler = self._receivers.pop(self._plain(queue), (None,))[0]
+                handler = self._receivers.pop(source, (None,))[0]
             if handler is not None:
                 handler.close()
 
+    def dead_letter_sources(self, queue_name: str) -> list[str]:
+        """The written DLQ, then :attr:`AzureServiceBusConfig.dead_letter_sources` (by default
+        ``<queue>/$DeadLetterQueue`` and the plain ``<queue>.dlq``), then the plain ``dead_letter_queue_suffix``
+        queue when one is set."""
+        entries = self.config.dead_letter_sources
+        assert isinstance(entries, tuple)  # normalised by AzureServiceBusConfig
+        suffix = self.config.dead_letter_queue_suffix
+        return self.named_dead_letter_sources(queue_name, [*entries, *([suffix] if suffix else [])])
+
     def _sources(self, queue: str) -> list[str]:
-        plain = self.config.dead_letter_queue_suffix and queue not in self._missing
-        return ["native", "plain"] if plain else ["native"]
+        """The dead-letter sources to read now: a plain queue found missing is skipped for a minute."""
+        now = time.monotonic()
+        return [source for source in self.dead_letter_sources(queue)
+                if now - self._missing.get(source, -math.inf) >= _MISSING_RECHECK]
 
     def _settle(self, message: ReceivedMessage, action: str, **extra: Any) -> None:
         receipt = receipt_of(message)
@@ -314,8 +344,10 @@ class AzureServiceBusBinding(Binding):
         return got[0] if got else None
 
     def reserve_dead_letters(self, queue_name: str, limit: int, timeout: float = 0) -> list[ReceivedMessage]:
-        """From ``$DeadLetterQueue``, then the plain queue (when configured): one receive per source, each
-        message with a ``dead_letter`` block (see :func:`native_dead_letter_body`)."""
+        """From each of :meth:`dead_letter_sources` in order (by default ``$DeadLetterQueue``, then the plain
+        ``<queue>.dlq``): one receive per source, each message with a ``dead_letter`` block (see
+        :func:`native_dead_letter_body`) and its source named; its settlement goes through the receiver of the
+        source it came from."""
         out: list[ReceivedMessage] = []
         deadline = time.monotonic() + max(timeout, 0)
         while limit > len(out):
@@ -398,29 +430,33 @@ class AzureServiceBusBinding(Binding):
         return self._counts(queue_name).active_message_count
 
     def dead_letter_depth(self, queue_name: str) -> int:
-        """DeadLetterMessageCount, plus the plain queue's ActiveMessageCount when configured (absent: 0)."""
-        count = self._counts(queue_name).dead_letter_message_count
-        if "plain" in self._sources(queue_name):
+        """Per source one management call: a sub-queue's DeadLetterMessageCount, a plain queue's
+        ActiveMessageCount (absent: 0, not created)."""
+        count = 0
+        for source in self._sources(queue_name):
+            if self._native(source):
+                count += self._counts(source.removesuffix(f"/{DEAD_LETTER_SUBQUEUE}")).dead_letter_message_count
+                continue
             try:
-                count += self._counts(self._plain(queue_name), ensure=False).active_message_count
+                count += self._counts(source, ensure=source == self.dead_letter_name(queue_name)).active_message_count
             except BindingError as exc:
                 if not self._caused_by(exc, "ResourceNotFoundError"):
                     raise
         return count
 
     def browse_dead_letters(self, queue_name: str, limit: int = 100) -> list[ReceivedMessage]:
-        """Peek (no lock, no delivery counted) from the head of ``$DeadLetterQueue``, then the plain queue."""
+        """Peek (no lock, no delivery counted) from the head of each dead-letter source in order."""
         out: list[ReceivedMessage] = []
         for source in self._sources(queue_name):
             sequence = 1
-            with self._absent(queue_name, source):
+            with self._absent(source):
                 key, receiver, lock = self._receiver(queue_name, source)
                 while len(out) < limit:
                     with lock, self._guard("peek into", key):
                         got = receiver.peek_messages(max_message_count=limit - len(out), sequence_number=sequence)
                     if not got:
                         break
-                    out += [received_message(m, queue_name, True, None) for m in got]
+                    out += [received_message(m, queue_name, True, None, source) for m in got]
                     sequence = got[-1].sequence_number + 1
         return out
 

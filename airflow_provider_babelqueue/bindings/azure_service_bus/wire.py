@@ -16,10 +16,11 @@ from typing import Any, NamedTuple
 
 from ...core import envelope as bq
 from ...core.errors import EnvelopeError
-from ..base import BindingError, ReceivedMessage, parse_body
+from ..base import Binding, BindingError, ReceivedMessage, parse_body
 
 __all__ = [
     "DEAD_LETTER_SUBQUEUE",
+    "DEFAULT_DEAD_LETTER_SOURCES",
     "MAX_DEAD_LETTER_TEXT",
     "AzureServiceBusConfig",
     "application_properties",
@@ -279,9 +280,12 @@ def outgoing_message(
     return message
 
 
-def received_message(message: Any, queue: str, dead: bool, receipt: Receipt | None) -> ReceivedMessage:
+def received_message(message: Any, queue: str, dead: bool, receipt: Receipt | None,
+                     source: str | None = None) -> ReceivedMessage:
     """A :class:`ReceivedMessage` from an SDK message: DeliveryCount 1-based, attempts reconciled, and for a
-    dead-letter queue the body with its ``dead_letter`` block (:func:`native_dead_letter_body`)."""
+    dead-letter queue the body with its ``dead_letter`` block (:func:`native_dead_letter_body`).
+
+    :param source: the dead-letter queue it was read from (``<queue>/$DeadLetterQueue`` or a plain queue)."""
     body, count = _body(message), service_delivery_count(message.delivery_count)
     if dead:
         enqueued = message.enqueued_time_utc
@@ -304,7 +308,13 @@ def received_message(message: Any, queue: str, dead: bool, receipt: Receipt | No
         headers=_headers(message.application_properties),
         receipt=receipt,
         from_dead_letter=dead,
+        dead_letter_source=source if dead else None,
     )
+
+
+#: What DLQ reads take in besides the written DLQ unless configured: the native sub-queue and the plain
+#: ``<queue>.dlq`` queue the official SDKs' apps write.
+DEFAULT_DEAD_LETTER_SOURCES = (f"/{DEAD_LETTER_SUBQUEUE}", ".dlq")
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,8 +329,13 @@ class AzureServiceBusConfig:
     :param native_dead_letter: ``True``: dead letters go to the queue's ``$DeadLetterQueue`` sub-queue with
         DeadLetterReason / DeadLetterErrorDescription set. ``False``: an annotated copy is sent to the plain
         queue ``<queue><dead_letter_queue_suffix>`` (the official SDKs' apps' layout) and the original completed.
-    :param dead_letter_queue_suffix: a plain dead-letter queue ``<queue><suffix>`` (``.dlq`` for the SDKs' apps)
-        that DLQ reads, counts and browses take in after the native sub-queue; ``None``: the sub-queue only.
+    :param dead_letter_queue_suffix: a plain dead-letter queue ``<queue><suffix>`` (``.dlq`` for the SDKs' apps):
+        where dead letters are written when ``native_dead_letter`` is off, and read (after the sources below)
+        whenever it is set.
+    :param dead_letter_sources: the DLQs *read* besides the written one (always read, first): suffixes
+        (``/$DeadLetterQueue`` is the native sub-queue, ``.dlq`` a plain queue), ``{queue}`` templates or full
+        names, as a list or comma text. The default reads the sub-queue and the SDKs' plain ``<queue>.dlq``; a
+        plain queue that does not exist reads as empty and is never created by a read.
     :param create_queues: create missing queues on first use (needs Manage rights); off: a missing queue is an
         error naming it (queues are usually provisioned with the namespace, by IaC).
     :param lock_duration: seconds of PeekLock for queues we create (Service Bus allows 5-300; ``None`` = its
@@ -341,6 +356,7 @@ class AzureServiceBusConfig:
     fully_qualified_namespace: str | None = None
     native_dead_letter: bool = True
     dead_letter_queue_suffix: str | None = None
+    dead_letter_sources: tuple[str, ...] | str | None = DEFAULT_DEAD_LETTER_SOURCES
     create_queues: bool = False
     lock_duration: float | None = None
     max_delivery_count: int | None = None
@@ -350,6 +366,7 @@ class AzureServiceBusConfig:
     connection_verify: str | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "dead_letter_sources", Binding.source_entries(self.dead_letter_sources))
         for bad, problem in (
             (
                 bool(self.connection_string) == bool(self.fully_qualified_namespace),

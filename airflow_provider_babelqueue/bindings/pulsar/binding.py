@@ -135,6 +135,14 @@ class PulsarBinding(Binding):
         """The queue's dead-letter topic, ``persistent://<tenant>/<namespace>/<queue><suffix>``."""
         return dead_letter_topic(queue_name, self.config.dead_letter_suffix, self.config.tenant, self.config.namespace)
 
+    def dead_letter_sources(self, queue_name: str) -> list[str]:
+        """The written dead-letter topic, then those of :attr:`PulsarConfig.dead_letter_sources` (none by default),
+        each as a full topic name."""
+        entries = self.config.dead_letter_sources
+        assert isinstance(entries, tuple)  # normalised by PulsarConfig
+        names = self.named_dead_letter_sources(queue_name, entries)
+        return list(dict.fromkeys([names[0], *(self._topic(name) for name in names[1:])]))
+
     def _producer(self, topic: str) -> Any:
         with self._lock:
             if (producer := self._producers.get(topic)) is None:
@@ -284,7 +292,7 @@ class PulsarBinding(Binding):
         key, token, lease = message_key(message.message_id()), next(self._tokens), self.config.visibility_timeout
         with self._lock:
             self._held[(topic, key)] = Hold(token, time.monotonic() + lease if lease else math.inf, consumer, message)
-        return received(message, queue_name, Receipt(topic, key, token), dead)
+        return received(message, queue_name, Receipt(topic, key, token), dead, topic)
 
     def _next_lease(self) -> float | None:
         with self._lock:
@@ -343,7 +351,20 @@ class PulsarBinding(Binding):
         return self._take(queue_name, self._topic(queue_name), timeout, dead=False)
 
     def reserve_dead_letter(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
-        return self._take(queue_name, self.dead_letter_name(queue_name), timeout, dead=True)
+        """From the written dead-letter topic, then each extra source whose stats show messages (subscribing to a
+        topic would create it, and a read must not); waits on the written topic while all are empty."""
+        written, *extras = self.dead_letter_sources(queue_name)
+        if not extras:
+            return self._take(queue_name, written, timeout, dead=True)
+        end = time.monotonic() + max(timeout, 0)
+        while True:
+            if (message := self._take(queue_name, written, 0, dead=True)) is not None:
+                return message
+            for topic in extras:
+                if self._count(topic) > 0 and (message := self._take(queue_name, topic, 0, dead=True)) is not None:
+                    return message
+            if time.monotonic() >= end:
+                return None
 
     def ack(self, message: ReceivedMessage) -> None:
         self._settle(message, "acknowledge a message of")
@@ -379,7 +400,8 @@ class PulsarBinding(Binding):
         return self._count(self._topic(queue_name))
 
     def dead_letter_depth(self, queue_name: str) -> int:
-        return self._count(self.dead_letter_name(queue_name))
+        """The ready count of each dead-letter topic, summed: one admin stats GET each (a missing topic is 0)."""
+        return sum(self._count(topic) for topic in self.dead_letter_sources(queue_name))
 
     def browse_dead_letters(self, queue_name: str, limit: int = 100) -> list[ReceivedMessage]:
         """Not supported: a Reader also returns dead letters already drained (acknowledgements do not hide

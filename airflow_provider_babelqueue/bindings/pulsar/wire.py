@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from urllib.parse import quote, urlsplit
 
 from ...core import envelope as bq
-from ..base import BindingError, ReceivedMessage, parse_body, redact_url, scrub_url_password
+from ..base import Binding, BindingError, ReceivedMessage, parse_body, redact_url, scrub_url_password
 
 __all__ = [
     "CLIENT_HINTS",
@@ -193,10 +193,12 @@ def ready_count(stats: Mapping[str, Any] | None, subscription: str) -> int:
     return max(waiting - int(sub.get("unackedMessages") or 0), 0)
 
 
-def received(message: Any, queue_name: str, receipt: Any, dead: bool) -> ReceivedMessage:
+def received(message: Any, queue_name: str, receipt: Any, dead: bool, source: str | None = None) -> ReceivedMessage:
     """A received Pulsar message as a :class:`ReceivedMessage`: the payload as it is, attempts reconciled with
     the redelivery count (an undecodable body counts by its ``bq-attempts``), properties plus ``pulsar.*``
-    mirrors of the message id and publish time as headers, and the native redelivery count."""
+    mirrors of the message id and publish time as headers, and the native redelivery count.
+
+    :param source: the dead-letter topic it was read from."""
     body, properties = bytes(message.data() or b""), dict(message.properties() or {})
     envelope, error, body_attempts = parse_body(body)
     if envelope is None:  # no body to count in: the property is where a retry left the count
@@ -213,6 +215,7 @@ def received(message: Any, queue_name: str, receipt: Any, dead: bool) -> Receive
         headers={**properties, **mirrors},
         receipt=receipt,
         from_dead_letter=dead,
+        dead_letter_source=source if dead else None,
     )
 
 
@@ -283,6 +286,10 @@ class PulsarConfig:
     :param tenant: with ``namespace``, where bare queue names live: ``persistent://<tenant>/<namespace>/<queue>``.
     :param subscription: the durable Shared subscription every consumer joins (``babelqueue`` in every SDK).
     :param dead_letter_suffix: dead letters go to the topic ``<queue><suffix>`` (``.dlq``, the SDKs' name).
+    :param dead_letter_sources: dead-letter topics read besides the written one (always read, first): suffixes,
+        ``{queue}`` templates or full topic names, as a list or comma text. None by default: every SDK writes
+        ``<queue>.dlq`` on Pulsar. An extra topic is read only when its stats show messages, so a read never
+        creates one.
     :param tls_trust_certs_file_path: CA bundle for ``pulsar+ssl`` and ``https`` (``None``: certifi for the
         client, the system store for the admin API).
     :param tls_validate_hostname: check that certificates name the host (on by default, unlike the client's).
@@ -311,6 +318,7 @@ class PulsarConfig:
     namespace: str = "default"
     subscription: str = "babelqueue"
     dead_letter_suffix: str = ".dlq"
+    dead_letter_sources: tuple[str, ...] | str | None = ()
     tls_trust_certs_file_path: str | None = None
     tls_validate_hostname: bool = True
     tls_allow_insecure_connection: bool = False
@@ -324,6 +332,7 @@ class PulsarConfig:
     admin_timeout: float = 10.0
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "dead_letter_sources", Binding.source_entries(self.dead_letter_sources))
         service, admin = urlsplit(self.service_url), urlsplit(self.admin_url)
         for bad, problem in (
             (service.scheme not in ("pulsar", "pulsar+ssl") or not service.netloc,

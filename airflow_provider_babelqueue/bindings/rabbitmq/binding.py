@@ -3,8 +3,11 @@
 Queues of ``q`` (durable; default exchange, routing key = queue name): ``q`` holds persistent
 ``application/json`` messages whose properties project the envelope (:func:`amqp_properties`, as every SDK
 writes them); ``q<dead_letter_suffix>`` (``q.failed`` per the spec, ``.dlq`` for the SDKs' apps) the annotated
-dead letters; ``q.delay.<ms>`` one queue per distinct delay, with ``x-message-ttl=<ms>`` and dead-lettering
-through the default exchange back to ``q`` (no broker plugin). One TTL per queue keeps expiry in arrival
+dead letters we write, while every DLQ read (count, reserve, redrive) takes each of
+:meth:`RabbitMQBinding.dead_letter_sources` in order (by default ``q.failed`` and ``q.dlq``, where the SDKs'
+workers put theirs), with a passive declare only, so a read never creates a queue; ``q.delay.<ms>`` one
+queue per distinct delay, with ``x-message-ttl=<ms>`` and dead-lettering through the default exchange back to
+``q`` (no broker plugin). One TTL per queue keeps expiry in arrival
 order; per-message ``expiration`` on one shared queue would hold a short delay behind a long one (RabbitMQ
 only expires the head). ``x-expires`` drops a delay queue a minute after its last use.
 
@@ -101,6 +104,13 @@ class RabbitMQBinding(Binding):
 
     def dead_letter_name(self, queue_name: str) -> str:
         return f"{queue_name}{self.config.dead_letter_suffix}"
+
+    def dead_letter_sources(self, queue_name: str) -> list[str]:
+        """The written DLQ, then :attr:`RabbitMQConfig.dead_letter_sources` (by default ``<queue>.failed`` and
+        ``<queue>.dlq``)."""
+        entries = self.config.dead_letter_sources
+        assert isinstance(entries, tuple)  # normalised by RabbitMQConfig
+        return self.named_dead_letter_sources(queue_name, entries)
 
     def _where(self) -> str:
         return f"RabbitMQ {self.config.host}:{self.config.port} vhost {self.config.virtual_host!r}"
@@ -381,24 +391,27 @@ class RabbitMQBinding(Binding):
             except (self._pika.exceptions.AMQPError, OSError):
                 logger.debug("RabbitMQ channel close failed", exc_info=True)
 
-    def _take(self, queue_name: str, source: str, timeout: float, dead: bool) -> ReceivedMessage | None:
+    def _take(self, queue_name: str, sources: Sequence[str], timeout: float, dead: bool) -> ReceivedMessage | None:
+        """The first message of the first of ``sources`` that has one (one ``basic.get`` each), polled until
+        ``timeout``. A dead-letter source is never declared: a missing one is skipped."""
         end, pause, kind = time.monotonic() + max(timeout, 0), 0.02, "dlq" if dead else "work"
         while True:
-            with self._lock, self._guard("reserve", source):
-                self._expire()
+            for source in sources:
+                with self._lock, self._guard("reserve", source):
+                    self._expire()
 
-                def get() -> tuple[Any, Any, Any]:
-                    # Never basic.get a missing queue: its 404 would close the channel holding the reservations.
-                    if not self._exists(source, self.config.declare_queues and not dead):
-                        return None, None, None
-                    return self._channel(kind).basic_get(source, auto_ack=False)
+                    def get(source: str = source) -> tuple[Any, Any, Any]:
+                        # Never basic.get a missing queue: its 404 would close the channel holding the reservations.
+                        if not self._exists(source, self.config.declare_queues and not dead):
+                            return None, None, None
+                        return self._channel(kind).basic_get(source, auto_ack=False)
 
-                method, props, body = self._reconnecting(get)
-                if method is not None:
-                    lease = self.config.visibility_timeout or math.inf
-                    self._held[kind][method.delivery_tag] = time.monotonic() + lease
-                    receipt = _Receipt(self._generations[kind], method.delivery_tag, source, kind)
-                    return self._received(method, props, bytes(body or b""), queue_name, dead, receipt)
+                    method, props, body = self._reconnecting(get)
+                    if method is not None:
+                        lease = self.config.visibility_timeout or math.inf
+                        self._held[kind][method.delivery_tag] = time.monotonic() + lease
+                        receipt = _Receipt(self._generations[kind], method.delivery_tag, source, kind)
+                        return self._received(method, props, bytes(body or b""), queue_name, dead, receipt)
             if (remaining := end - time.monotonic()) <= 0:
                 return None
             time.sleep(min(pause, remaining))  # outside the lock: other threads keep working
@@ -423,6 +436,7 @@ class RabbitMQBinding(Binding):
             headers={**table, **mirrors, f"{MIRROR}redelivered": bool(method.redelivered)},
             receipt=receipt,
             from_dead_letter=dead,
+            dead_letter_source=receipt.source if dead else None,
         )
 
     def _expire(self) -> None:
@@ -510,10 +524,12 @@ class RabbitMQBinding(Binding):
                 commit.tx_commit()
 
     def reserve(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
-        return self._take(queue_name, queue_name, timeout, dead=False)
+        return self._take(queue_name, [queue_name], timeout, dead=False)
 
     def reserve_dead_letter(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
-        return self._take(queue_name, self.dead_letter_name(queue_name), timeout, dead=True)
+        """From the first dead-letter source that has a message, in :meth:`dead_letter_sources` order; its ack or
+        requeue goes to the queue it came from (the delivery tag is that queue's)."""
+        return self._take(queue_name, self.dead_letter_sources(queue_name), timeout, dead=True)
 
     def ack(self, message: ReceivedMessage) -> None:
         self._settle(message, "ack")
@@ -563,13 +579,16 @@ class RabbitMQBinding(Binding):
         return self._count(queue_name)
 
     def dead_letter_depth(self, queue_name: str) -> int:
-        return self._count(self.dead_letter_name(queue_name))
+        """The sum of each dead-letter source's ready count (a passive declare each; a missing queue counts 0
+        and is not created)."""
+        return sum(self._count(source) for source in self.dead_letter_sources(queue_name))
 
     def browse_dead_letters(self, queue_name: str, limit: int = 100) -> list[ReceivedMessage]:
         """Not supported: a classic queue cannot be read without taking the messages, and emulating it
         (``basic.get`` + requeue) reorders the DLQ, marks every message redelivered and races concurrent drains."""
+        names = " / ".join(repr(source) for source in self.dead_letter_sources(queue_name))
         raise NotSupportedError(
-            f"RabbitMQ cannot read queue {self.dead_letter_name(queue_name)!r} without removing "
+            f"RabbitMQ cannot read queue {names} without removing "
             "messages (basic.get takes them); drain it with reserve_dead_letter + ack instead"
         )
 

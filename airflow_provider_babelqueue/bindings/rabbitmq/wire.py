@@ -16,11 +16,12 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from ...core import envelope as bq
 from ..base import (
+    Binding,
     BindingError,
     parse_body,
 )
 
-__all__ = ["MAX_BODY", "MIRROR", "RabbitMQConfig", "amqp_properties"]
+__all__ = ["DEFAULT_DEAD_LETTER_SOURCES", "MAX_BODY", "MIRROR", "RabbitMQConfig", "amqp_properties"]
 
 #: RabbitMQ's default ``max_message_size``: a larger body is refused before anything is sent.
 MAX_BODY = 128 * 1024 * 1024
@@ -81,9 +82,13 @@ def _flag(text: str) -> bool:
     return text.strip().lower() in ("1", "true", "yes", "on")
 
 
+#: What the binding reads besides the written DLQ unless configured: the spec's queue and the SDKs' apps' queue.
+DEFAULT_DEAD_LETTER_SOURCES = (".failed", ".dlq")
+
 _URL_PARAMS: dict[str, Any] = {
     "ssl_ca_certs": str,
     "dead_letter_suffix": str,
+    "dead_letter_sources": str,
     "heartbeat": int,
     "socket_timeout": float,
     "blocked_connection_timeout": float,
@@ -101,7 +106,12 @@ class RabbitMQConfig:
     :param virtual_host: every SDK sharing the queues must use the same one.
     :param password: never printed: excluded from ``repr`` and from error messages.
     :param ssl: AMQPS (usually port 5671); ``ssl_ca_certs``: a CA bundle the system store lacks.
-    :param dead_letter_suffix: the DLQ is ``<queue><suffix>``; ``".dlq"`` shares it with the SDKs' apps.
+    :param dead_letter_suffix: dead letters are *written* to ``<queue><suffix>``: ``".failed"`` is the spec's
+        name, ``".dlq"`` the one the SDKs' apps write.
+    :param dead_letter_sources: the DLQs *read* besides the written one (always read, first): suffixes,
+        ``{queue}`` templates or full names, as a list or comma text. The default reads the spec's and the SDKs'
+        queues, so counts, drains and redrives see a mixed fleet's dead letters; ``()`` reads only the written
+        one. A read never declares a queue: a missing one counts as empty.
     :param declare_queues: create (durable, no arguments) queues that do not exist. ``False``: passive
         declares only, for queues an operator owns; a missing one is then an error.
     :param publisher_confirms: wait for the broker's confirm of every publish and every body of a batch.
@@ -124,6 +134,7 @@ class RabbitMQConfig:
     ssl: bool = False
     ssl_ca_certs: str | None = None
     dead_letter_suffix: str = ".failed"
+    dead_letter_sources: tuple[str, ...] | str | None = DEFAULT_DEAD_LETTER_SOURCES
     declare_queues: bool = True
     publisher_confirms: bool = True
     heartbeat: int | None = None
@@ -137,6 +148,7 @@ class RabbitMQConfig:
             raise ValueError(f"max_message_bytes must be a positive whole number, got {self.max_message_bytes!r}")
         if not self.dead_letter_suffix:
             raise ValueError("dead_letter_suffix must not be empty: the DLQ would be the queue itself")
+        object.__setattr__(self, "dead_letter_sources", Binding.source_entries(self.dead_letter_sources))
         if (vt := self.visibility_timeout) is not None and not (math.isfinite(vt) and vt > 0):
             raise ValueError(f"visibility_timeout must be a positive number of seconds or None, got {vt}")
         if self.ssl_ca_certs and not self.ssl:
@@ -147,7 +159,8 @@ class RabbitMQConfig:
         """A config from ``amqp[s]://[user:password@]host[:port][/vhost][?heartbeat=30&...]``.
 
         As in pika and the SDKs, no path (or ``/``) is the vhost ``/``. ``amqps`` turns TLS on (port 5671).
-        Query parameters may set the fields ``ssl_ca_certs``, ``dead_letter_suffix``, ``declare_queues``,
+        Query parameters may set the fields ``ssl_ca_certs``, ``dead_letter_suffix``, ``dead_letter_sources``
+        (comma text), ``declare_queues``,
         ``publisher_confirms``, ``heartbeat``, ``socket_timeout``, ``blocked_connection_timeout`` and
         ``visibility_timeout``; unknown ones are rejected, so a typo does not fall back to a default.
         :param overrides: field values that win over the URL (e.g. an Airflow connection's extras).

@@ -8,6 +8,16 @@ returns the other's abandoned reservations and a settle touches only its own); `
 ``<token>:<raw>``, score = due time; other SDKs never see them early); DLQ ``Pq<dead_letter_suffix>``,
 with its own ``:processing`` list and deadline set for drains.
 
+Dead letters are written to that one list (``:failed``, the spec's name) and read from every list of
+:meth:`RedisBinding.dead_letter_sources`: by default ``Pq:failed`` and ``Pq.dlq``, where the official SDKs'
+workers put theirs. A reservation from a DLQ lives in that list's own ``:processing`` list, so its ack or
+release goes back to the list it came from. Reads create no key.
+
+Header frames: Node's adapter and the Python SDK store a message published with headers as
+``{"__bq_frame":1,"headers":{…},"body":"<envelope>"}``. A reserved frame exposes the inner envelope and the
+frame's headers (the stored bytes stay the message's ``body``, which the ack removes exactly). Writing frames is
+opt-in (:attr:`RedisConfig.frames`): the spec's Redis value is the bare envelope.
+
 Scores are fractional epoch seconds from the server's ``TIME``, read inside Lua, so worker clock skew cannot
 expire a reservation early (the SDK uses its own clock, in whole seconds). Every multi-key step is one Lua
 script, except a blocking reserve: BLMOVE waits, then a script registers the deadline. An element left
@@ -28,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from ...core.frames import encode_frame
 from ..base import (
     Binding,
     BindingError,
@@ -36,6 +47,7 @@ from ..base import (
     bumped_body,
     check_sizes,
     dead_letter_body,
+    frame_headers,
     parse_body,
     require_extra,
 )
@@ -58,9 +70,13 @@ _CHUNK = 1000
 #: Reservations per RESERVE_MANY / SETTLE_MANY call (bounds one script's run time and memory).
 MANY_CHUNK = 2000
 
+#: What the binding reads besides the written DLQ unless configured: the spec's list and the SDKs' apps' list.
+DEFAULT_DEAD_LETTER_SOURCES = (":failed", ".dlq")
+
 _URL_PARAMS: dict[str, Any] = {
     "db": int, "ssl_ca_certs": str, "key_prefix": str, "dead_letter_suffix": str, "visibility_timeout": float,
     "socket_timeout": lambda text: None if text.lower() in ("", "none", "null") else float(text),
+    "dead_letter_sources": str, "frames": lambda text: text.strip().lower() in ("1", "true", "yes", "on"),
 }
 
 
@@ -76,8 +92,15 @@ class RedisConfig:
     :param ssl_ca_certs: CA bundle for a server certificate the system store does not trust.
     :param key_prefix: prepended to every key, to isolate environments sharing one server. Keep it empty to
         share queues with the official SDKs' legacy layout, which uses bare queue names.
-    :param dead_letter_suffix: the DLQ list is ``<prefix><queue><suffix>``; ``".dlq"`` shares dead letters
-        with official SDK apps.
+    :param dead_letter_suffix: dead letters are *written* to the list ``<prefix><queue><suffix>``; ``":failed"``
+        is the spec's name, ``".dlq"`` the one the official SDKs' apps write.
+    :param dead_letter_sources: the DLQ lists *read* besides the written one (which is always read, first):
+        suffixes (``.dlq``), ``{queue}`` templates or full names, as a list or comma text; every key takes the
+        prefix. The default reads both the spec's and the SDKs' lists, so a drain, a count or a redrive sees the
+        dead letters of a mixed fleet; ``()`` reads only the written list.
+    :param frames: with headers, ``publish`` stores the SDKs' header frame instead of the bare envelope. Off by
+        default: the frame is not in the spec, and a consumer that does not unwrap it (PHP, older SDKs) would
+        see a message without ``job``. Off, headers given to ``publish`` are dropped (logged at DEBUG once).
     :param visibility_timeout: seconds a reservation may stay unsettled before it is delivered again; it must
         exceed the longest handler run, or a slow message is processed twice.
     :param socket_timeout: seconds to wait for a reply, so a half-open connection cannot hang a worker.
@@ -94,11 +117,14 @@ class RedisConfig:
     ssl_ca_certs: str | None = None
     key_prefix: str = ""
     dead_letter_suffix: str = ":failed"
+    dead_letter_sources: tuple[str, ...] | str | None = DEFAULT_DEAD_LETTER_SOURCES
+    frames: bool = False
     visibility_timeout: float = 300.0
     socket_timeout: float | None = 10.0
     max_message_bytes: int = 512 * 1024 * 1024
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "dead_letter_sources", Binding.source_entries(self.dead_letter_sources))
         if not (isinstance(self.max_message_bytes, int) and self.max_message_bytes >= 1):
             raise ValueError(f"max_message_bytes must be a positive whole number, got {self.max_message_bytes!r}")
         if not (math.isfinite(self.visibility_timeout) and self.visibility_timeout > 0):
@@ -111,8 +137,9 @@ class RedisConfig:
         """A config from ``redis[s]://[user:password@]host[:port][/db][?key_prefix=...&...]``.
 
         :param url: ``rediss://`` turns TLS on. Query parameters may set ``db``, ``ssl_ca_certs``,
-            ``key_prefix``, ``dead_letter_suffix``, ``visibility_timeout`` and ``socket_timeout``; unknown ones
-            are rejected so a typo does not silently fall back to a default.
+            ``key_prefix``, ``dead_letter_suffix``, ``dead_letter_sources`` (comma text), ``frames``,
+            ``visibility_timeout`` and ``socket_timeout``; unknown ones are rejected so a typo does not silently
+            fall back to a default.
         :param overrides: field values that win over the URL (e.g. an Airflow connection's extras).
         """
         parts = urlsplit(url)
@@ -185,6 +212,11 @@ class DeadLetterBatch:
         return [self.binding._parsed(receipt.raw, self.queue_name, True, receipt) for receipt in receipts]
 
 
+def _source_of(receipt: _Receipt) -> str:
+    """The list a reservation was taken from: its processing list's name without ``:processing``."""
+    return receipt.processing.removesuffix(":processing")
+
+
 def as_bytes(raws: list[Any]) -> list[bytes]:
     """A script's reply values as bytes, in place (a client with ``decode_responses`` gives ``str``)."""
     for index, raw in enumerate(raws):
@@ -218,6 +250,9 @@ class RedisBinding(Binding):
                 retry=self._redis.retry.Retry(backoff, 3),
             )
         self.client = client
+        #: Truthful per connection: headers reach consumers only when frames are written.
+        self.carries_headers = config.frames
+        self._told_headers_dropped = False
         self._reserve_script = client.register_script(RESERVE)
         self._claim_script = client.register_script(CLAIM)
         self._settle_script = client.register_script(SETTLE)
@@ -230,6 +265,13 @@ class RedisBinding(Binding):
 
     def dead_letter_name(self, queue_name: str) -> str:
         return f"{self.config.key_prefix}{queue_name}{self.config.dead_letter_suffix}"
+
+    def dead_letter_sources(self, queue_name: str) -> list[str]:
+        """The written DLQ list, then :attr:`RedisConfig.dead_letter_sources` (by default ``<queue>:failed`` and
+        ``<queue>.dlq``), every key with the prefix."""
+        entries = self.config.dead_letter_sources
+        assert isinstance(entries, tuple)  # normalised by RedisConfig
+        return self.named_dead_letter_sources(queue_name, entries, prefix=self.config.key_prefix)
 
     @staticmethod
     def _keys(source: str, dead: bool) -> list[str]:
@@ -260,11 +302,18 @@ class RedisBinding(Binding):
             raise BindingError(message) from exc
 
     @staticmethod
-    def _parsed(raw: bytes, queue_name: str, dead: bool, receipt: _Receipt | None = None) -> ReceivedMessage:
+    def _parsed(raw: bytes, queue_name: str, dead: bool, receipt: _Receipt | None = None,
+                source: str | None = None) -> ReceivedMessage:
+        """A message of the stored value ``raw``: a header frame's envelope and headers are the message's (its
+        body stays ``raw``, which the ack removes). ``source``: the DLQ a browse read it from (a reservation's
+        is its processing list's)."""
         envelope, error, attempts = parse_body(raw)
+        if dead and source is None and receipt is not None:
+            source = _source_of(receipt)
         return ReceivedMessage(
             body=raw, queue_name=queue_name, envelope=envelope, decode_error=error, attempts=attempts,
-            delivery_count=None, headers={}, receipt=receipt, from_dead_letter=dead,
+            delivery_count=None, headers=frame_headers(raw) if envelope is not None else {}, receipt=receipt,
+            from_dead_letter=dead, dead_letter_source=source if dead else None,
         )
 
     def _length(self, source: str, dead: bool) -> int:
@@ -335,9 +384,20 @@ class RedisBinding(Binding):
     def publish(
         self, body: bytes, queue_name: str, *, headers: Mapping[str, Any] | None = None, delay: float = 0
     ) -> None:
-        """:param headers: ignored: a Redis list element is the bare envelope, with nowhere to put headers.
+        """:param headers: with :attr:`RedisConfig.frames` on, stored in the SDKs' header frame around the body
+            (byte for byte as Node and Python write it); off, dropped: the spec's value is the bare envelope, with
+            nowhere to put headers (said once per binding at DEBUG; ``carries_headers`` is ``False`` then).
         :param delay: seconds before the body reaches the ready list; until then it waits in ``:delayed``."""
         key = self._key(queue_name)
+        body = bytes(body)
+        if headers:
+            if self.config.frames:
+                body = encode_frame(body, headers)
+            elif not self._told_headers_dropped:
+                self._told_headers_dropped = True
+                logger.debug("Redis %r: headers %s not stored: frames are off for this connection (the spec's value "
+                             "is the bare envelope); set frames=true to write the SDKs' header frame",
+                             key, sorted(headers))
         check_sizes([body], self.config.max_message_bytes, f"Redis list {key!r}", "Redis's proto-max-bulk-len")
         with self._guard("publish", key):
             if delay > 0:
@@ -390,39 +450,54 @@ class RedisBinding(Binding):
         return self._take(queue_name, self._key(queue_name), timeout, dead=False)
 
     def reserve_dead_letter(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
-        return self._take(queue_name, self.dead_letter_name(queue_name), timeout, dead=True)
+        """The head of the first dead-letter source that has one. While all are empty it waits on the written
+        list (BLMOVE) in slices of at most a second, looking at the others between slices."""
+        sources = self.dead_letter_sources(queue_name)
+        end = time.monotonic() + max(timeout, 0)
+        while True:
+            for source in sources:
+                if (message := self._take(queue_name, source, 0, dead=True)) is not None:
+                    return message
+            if (remaining := end - time.monotonic()) < 0.01:
+                return None
+            wait = min(remaining, _BLOCK_SLICE) if len(sources) > 1 else remaining
+            if (message := self._take(queue_name, sources[0], wait, dead=True)) is not None:
+                return message
 
-    def open_dead_letter_pipeline(self, queue_name: str) -> RedisDeadLetterPipeline | None:
-        """A connection on which a drain keeps reservations and acks of ``queue_name``'s DLQ in flight, so the
-        server reserves the next batch while the drain writes and syncs this one (see
-        :class:`RedisDeadLetterPipeline`); the caller finishes or aborts it. ``None`` when the injected client
-        has no connection pool to take a connection from (e.g. a cluster client): the drain then uses
-        :meth:`reserve_dead_letters` and :meth:`ack_many`, one round trip each."""
+    def open_dead_letter_pipeline(self, queue_name: str, *, source: str | None = None
+                                  ) -> RedisDeadLetterPipeline | None:
+        """A connection on which a drain keeps reservations and acks of one of ``queue_name``'s DLQ lists
+        (``source``, by default the written one) in flight, so the server reserves the next batch while the
+        drain writes and syncs this one (see :class:`RedisDeadLetterPipeline`); the caller finishes or aborts it.
+        ``None`` when the injected client has no connection pool to take a connection from (e.g. a cluster
+        client): the drain then uses :meth:`reserve_dead_letters` and :meth:`ack_many`, one round trip each."""
         if not callable(getattr(getattr(self.client, "connection_pool", None), "get_connection", None)):
             return None
         from .pipeline import RedisDeadLetterPipeline
 
-        return RedisDeadLetterPipeline(self, queue_name)
+        return RedisDeadLetterPipeline(self, queue_name, source=source)
 
     def reserve_dead_letters(self, queue_name: str, limit: int, timeout: float = 0) -> list[ReceivedMessage]:
-        """Up to ``limit`` dead letters with one script per 2000 (maintenance, then what LMOVE + a deadline
-        member each does for :meth:`reserve_dead_letter`). When the DLQ is empty, waits up to ``timeout`` for
-        the first one the single-message way, then takes what else is ready without waiting."""
+        """Up to ``limit`` dead letters, from each source in order, with one script per source and 2000
+        (maintenance, then what LMOVE + a deadline member each does for :meth:`reserve_dead_letter`). When every
+        source is empty, waits up to ``timeout`` for the first one the single-message way, then takes what else
+        is ready without waiting."""
         if limit <= 0:
             return []
-        source = self.dead_letter_name(queue_name)
-        keys, vt = self._keys(source, dead=True), repr(float(self.config.visibility_timeout))
+        vt = repr(float(self.config.visibility_timeout))
         out: list[ReceivedMessage] = []
-        while len(out) < limit:
-            want, stem = min(limit - len(out), MANY_CHUNK), secrets.token_hex(12)
-            with self._guard("reserve", source):
-                raws = as_bytes(self._reserve_many_script(keys=keys, args=[vt, stem, SWEEP_BATCH, want]))
-            out.extend(DeadLetterBatch(self, queue_name, keys[1], stem, raws, want).messages())
-            if len(raws) < want:  # the DLQ has no more ready now
-                break
+        for source in self.dead_letter_sources(queue_name):
+            keys = self._keys(source, dead=True)
+            while len(out) < limit:
+                want, stem = min(limit - len(out), MANY_CHUNK), secrets.token_hex(12)
+                with self._guard("reserve", source):
+                    raws = as_bytes(self._reserve_many_script(keys=keys, args=[vt, stem, SWEEP_BATCH, want]))
+                out.extend(DeadLetterBatch(self, queue_name, keys[1], stem, raws, want).messages())
+                if len(raws) < want:  # this list has no more ready now
+                    break
         if out or timeout <= 0:
             return out
-        message = self._take(queue_name, source, timeout, dead=True)
+        message = self.reserve_dead_letter(queue_name, timeout)
         if message is None:
             return []
         return [message, *(self.reserve_dead_letters(queue_name, limit - 1) if limit > 1 else ())]
@@ -456,8 +531,8 @@ class RedisBinding(Binding):
         delay = max(float(delay), 0.0)
         for message in messages:
             receipt = self._receipt_of(message)
-            if message.from_dead_letter:  # back on the DLQ exactly as stored (as release does)
-                group, body = (receipt.processing, self.dead_letter_name(message.queue_name), 0.0), message.body
+            if message.from_dead_letter:  # back on the DLQ it came from, exactly as stored (as release does)
+                group, body = (receipt.processing, _source_of(receipt), 0.0), message.body
             else:
                 key = self._key(message.queue_name)
                 target = f"{key}:delayed" if delay > 0 else key
@@ -466,10 +541,11 @@ class RedisBinding(Binding):
         self._settle_many(groups, "release reservations")
 
     def release(self, message: ReceivedMessage, delay: float = 0) -> None:
-        """Back to the END of the ready list with ``attempts`` + 1 (to ``:delayed`` when ``delay`` > 0).
-        A message reserved from the DLQ goes back on the DLQ exactly as it was stored."""
+        """Back to the END of the ready list with ``attempts`` + 1 (to ``:delayed`` when ``delay`` > 0); a header
+        frame keeps its headers around the bumped envelope (``bumped_body``). A message reserved from a DLQ goes
+        back on the DLQ list it came from, exactly as it was stored."""
         if message.from_dead_letter:
-            self._settle(message, self.dead_letter_name(message.queue_name), message.body)
+            self._settle(message, _source_of(self._receipt_of(message)), message.body)
             return
         key = self._key(message.queue_name)
         self._settle(message, f"{key}:delayed" if delay > 0 else key, bumped_body(message), delay)
@@ -477,6 +553,8 @@ class RedisBinding(Binding):
     def dead_letter(
         self, message: ReceivedMessage, reason: str, *, error: str | None = None, exception: str | None = None
     ) -> None:
+        """The annotated envelope goes to the written DLQ list; a framed message's as the bare annotated envelope
+        (as Node's worker does), so every DLQ reader and replay sees an envelope."""
         body = dead_letter_body(message, reason, error=error, exception=exception)
         self._settle(message, self.dead_letter_name(message.queue_name), body)
 
@@ -485,28 +563,45 @@ class RedisBinding(Binding):
         return self._length(self._key(queue_name), dead=False)
 
     def dead_letter_depth(self, queue_name: str) -> int:
-        """LLEN of the DLQ, after requeueing drain reservations whose consumer died."""
-        return self._length(self.dead_letter_name(queue_name), dead=True)
+        """LLEN of each DLQ source, summed (one script each, after requeueing drain reservations whose consumer
+        died); a missing list counts 0."""
+        return sum(self._length(source, dead=True) for source in self.dead_letter_sources(queue_name))
 
     def browse_dead_letters(self, queue_name: str, limit: int = 100) -> list[ReceivedMessage]:
-        """LRANGE of the DLQ: nothing is reserved or removed (items under a drain are not listed)."""
-        if limit <= 0:
-            return []
-        key = self.dead_letter_name(queue_name)
-        with self._guard("browse", key):
-            items = self.client.lrange(key, 0, limit - 1)
-        return [self._parsed(bytes(raw), queue_name, dead=True) for raw in items]
+        """LRANGE of each DLQ source in order, ``limit`` in all: nothing is reserved or removed (items under a
+        drain are not listed)."""
+        out: list[ReceivedMessage] = []
+        for key in self.dead_letter_sources(queue_name):
+            if len(out) >= limit:
+                break
+            with self._guard("browse", key):
+                items = self.client.lrange(key, 0, limit - len(out) - 1)
+            out += [self._parsed(bytes(raw), queue_name, True, source=key) for raw in items]
+        return out
 
-    def browse_dead_letter_raws(self, queue_name: str, start: int, stop: int) -> list[bytes]:
+    def browse_dead_letter_raws(self, queue_name: str, start: int, stop: int, *,
+                                source: str | None = None) -> list[bytes]:
         """The stored bytes of DLQ elements ``start``..``stop`` - 1 (LRANGE), without building messages: a browse
         drain writes only the bytes, and decoding each into a :class:`ReceivedMessage` cost more than the rest
-        of the copy. Nothing is reserved or removed."""
+        of the copy. Nothing is reserved or removed.
+
+        :param source: positions within this DLQ list; ``None``: over every source in order (an LLEN each)."""
         if stop <= start:
             return []
-        key = self.dead_letter_name(queue_name)
-        with self._guard("browse", key):
-            items = self.client.lrange(key, start, stop - 1)
-        return [raw if raw.__class__ is bytes else bytes(raw) for raw in items]
+        if source is not None:
+            with self._guard("browse", source):
+                items = self.client.lrange(source, start, stop - 1)
+            return [raw if raw.__class__ is bytes else bytes(raw) for raw in items]
+        out: list[bytes] = []
+        for key in self.dead_letter_sources(queue_name):
+            with self._guard("count", key):
+                length = int(self.client.llen(key))
+            if start < length and stop > 0:
+                out += self.browse_dead_letter_raws(queue_name, max(start, 0), min(stop, length), source=key)
+            start, stop = start - length, stop - length
+            if stop <= 0:
+                break
+        return out
 
     def seen_store(self, name: str) -> RedisSeenStore:
         from .stores import RedisSeenStore

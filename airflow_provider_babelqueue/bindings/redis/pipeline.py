@@ -38,11 +38,13 @@ class RedisDeadLetterPipeline:
 
     :param binding: the binding whose client, config and key layout are used.
     :param queue_name: the queue whose DLQ is drained.
+    :param source: the DLQ list drained, one of the binding's ``dead_letter_sources`` (a pipeline holds one
+        list's reservations); by default the written one.
     """
 
-    def __init__(self, binding: RedisBinding, queue_name: str) -> None:
+    def __init__(self, binding: RedisBinding, queue_name: str, *, source: str | None = None) -> None:
         self.binding, self.queue_name = binding, queue_name
-        self.source = binding.dead_letter_name(queue_name)
+        self.source = source or binding.dead_letter_name(queue_name)
         self._keys = binding._keys(self.source, dead=True)
         self._vt = repr(float(binding.config.visibility_timeout))
         client = binding.client

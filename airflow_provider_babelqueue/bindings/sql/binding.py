@@ -4,6 +4,11 @@
 * ``<table>_failed``: ``id, queue, urn, attempts, reason, error, exception, failed_at, payload, reserved_at``,
   one row per dead letter; ``payload`` is the full annotated envelope (query it directly for triage).
 
+Dead letters are written to ``<table>_failed`` and read from it and from any further dead-letter tables of
+the same layout configured in :attr:`SqlConfig.dead_letter_sources` (another jobs table's ``_failed``, an old
+name). Those extra tables are never created: a missing one reads as empty. A reservation remembers its table,
+so its ack or release goes back there.
+
 ``payload`` is binary (``LargeBinary``: BLOB on SQLite, BYTEA on PostgreSQL): bodies must round-trip byte
 for byte, invalid UTF-8 and NUL included, and a TEXT column would reject or transcode exactly the poison
 messages triage needs. Ready-table times are float epoch seconds; ``failed_at`` is integer epoch ms.
@@ -49,6 +54,8 @@ if TYPE_CHECKING:
 
 #: At most 40 characters: PostgreSQL truncates identifiers at 63 bytes and ``<table>_failed_queue_idx`` is longest.
 _TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
+#: A dead-letter table's name: the ready table's rule plus room for ``_failed``.
+_FAILED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,46}")
 _BATCH_CHUNK = 500
 
 
@@ -76,6 +83,10 @@ class SqlConfig:
         role may not run DDL and the tables are migrated separately.
     :param max_message_bytes: larger bodies are refused before the INSERT; the default is SQLite's
         ``SQLITE_MAX_LENGTH`` (10^9 bytes), just under PostgreSQL's 1 GB field limit.
+    :param dead_letter_sources: dead-letter tables read besides ``<table>_failed`` (which is always read, first,
+        and the only one written): full table names, suffixes after ``<table>`` (``_dlq``) or ``{table}``
+        templates, as a list or comma text. Each must have the ``_failed`` layout; a missing one reads as empty
+        and is never created. Empty by default: the SQL layout is the spec's own, and no SDK writes another.
     """
 
     url: str
@@ -84,10 +95,19 @@ class SqlConfig:
     poll_interval: float = 0.05
     create_tables: bool = True
     max_message_bytes: int = 1_000_000_000
+    dead_letter_sources: tuple[str, ...] | str | None = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.table, str) or not _TABLE_NAME.fullmatch(self.table):
             raise ValueError(f"table must be 1-40 letters, digits or underscores, not led by a digit: {self.table!r}")
+        entries = Binding.source_entries(self.dead_letter_sources)
+        object.__setattr__(self, "dead_letter_sources", entries)
+        for entry in entries:
+            name = entry.replace("{table}", self.table) if "{table}" in entry else (
+                entry if entry[:1].isalnum() else f"{self.table}{entry}")
+            if not _FAILED_NAME.fullmatch(name):
+                raise ValueError(f"dead_letter_sources: {name!r} is not a table name (letters, digits and "
+                                 "underscores, not led by a digit, at most 47 characters)")
         if not self.visibility_timeout > 0:
             raise ValueError(f"visibility_timeout must be positive, got {self.visibility_timeout!r}")
         if not self.poll_interval > 0:
@@ -115,6 +135,28 @@ class _Receipt(NamedTuple):
     row_id: int
     #: The ``reserved_at`` this reservation wrote; settling only matches a row still carrying it.
     token: float
+    #: The dead-letter table the row is in ("" for the ready table and the written DLQ table).
+    table: str = ""
+
+
+def _dead_letter_table(name: str, metadata: sa.MetaData) -> sa.Table:
+    """A dead-letter table's description (``<table>_failed``'s layout) under ``name``."""
+    row_id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+    return sa.Table(
+        name, metadata,
+        sa.Column("id", row_id, primary_key=True, autoincrement=True),
+        sa.Column("queue", sa.String(255), nullable=False),
+        sa.Column("urn", sa.Text(), nullable=True),
+        sa.Column("attempts", sa.Integer(), nullable=False, default=0),
+        sa.Column("reason", sa.Text(), nullable=False),
+        sa.Column("error", sa.Text(), nullable=True),
+        sa.Column("exception", sa.Text(), nullable=True),
+        sa.Column("failed_at", sa.BigInteger(), nullable=False),
+        sa.Column("payload", sa.LargeBinary(), nullable=False),
+        sa.Column("reserved_at", sa.Double(), nullable=True),
+        sa.Index(f"{name}_queue_idx", "queue", "id"),
+        sqlite_autoincrement=True,
+    )
 
 
 def _build_tables(name: str) -> tuple[sa.Table, sa.Table]:
@@ -193,6 +235,15 @@ class SqlBinding(Binding):
         self._engine = engine
         self._owns_engine = engine is None
         self._ready, self._failed = _build_tables(config.table)
+        #: Every dead-letter table read, the written one first; the extra ones live in their own metadata, so
+        #: ``create_tables`` never creates them.
+        extra = sa.MetaData()
+        names = self.named_dead_letter_sources("", Binding.source_entries(config.dead_letter_sources),
+                                               stem=config.table, placeholder="{table}")
+        self._dead_tables: dict[str, sa.Table] = {self._failed.name: self._failed}
+        for name in names[1:]:
+            self._dead_tables[name] = _dead_letter_table(name, extra)
+        self._present: set[str] = {self._failed.name}  # extra tables seen to exist (they are not dropped)
         self._init_lock = threading.Lock()
         self._tables_ready = not config.create_tables
         self._serial: threading.Lock | None = None  # set for in-memory SQLite (one shared connection)
@@ -274,36 +325,60 @@ class SqlBinding(Binding):
         col = table.c.reserved_at
         return sa.or_(col.is_(None), col <= now - self.config.visibility_timeout)
 
-    def _message(self, row: Any, queue_name: str, dead: bool, receipt: _Receipt | None) -> ReceivedMessage:
+    def _message(self, row: Any, queue_name: str, dead: bool, receipt: _Receipt | None,
+                 source: str | None = None) -> ReceivedMessage:
         body = bytes(row.payload)
         envelope, error, body_attempts = parse_body(body)
         attempts = max(body_attempts, row.attempts or 0) if dead else body_attempts
         return ReceivedMessage(
             body=body, queue_name=queue_name, envelope=envelope, decode_error=error, attempts=attempts,
             delivery_count=None, headers={}, receipt=receipt, from_dead_letter=dead,
+            dead_letter_source=(source or self._failed.name) if dead else None,
         )
 
+    def _readable(self) -> list[sa.Table]:
+        """The dead-letter tables that exist now, in reading order: an extra table is looked up in the catalog
+        until it is found (one query each; a read never creates one)."""
+        tables = []
+        for name, table in self._dead_tables.items():
+            if name not in self._present:
+                with self._guard("look up a dead-letter table", None), self._read() as conn:
+                    if not sa.inspect(conn).has_table(name):
+                        continue
+                self._present.add(name)
+            tables.append(table)
+        return tables
+
+    def _dead_table(self, receipt: _Receipt) -> sa.Table:
+        table = self._dead_tables.get(receipt.table)  # "": the written table (a Table has no truth value)
+        return self._failed if table is None else table
+
     def _take(self, queue_name: str, timeout: float, dead: bool, limit: int = 1) -> list[ReceivedMessage]:
-        """Reserve up to ``limit`` free rows, oldest first, in one transaction: a SELECT ... FOR UPDATE SKIP
-        LOCKED LIMIT n (SQLite: under BEGIN IMMEDIATE), then one UPDATE stamping them all. Polls up to
-        ``timeout`` seconds for the first row."""
-        table = self._failed if dead else self._ready
+        """Reserve up to ``limit`` free rows, oldest first, in one transaction per table: a SELECT ... FOR UPDATE
+        SKIP LOCKED LIMIT n (SQLite: under BEGIN IMMEDIATE), then one UPDATE stamping them all. Dead letters are
+        taken from each dead-letter table in order. Polls up to ``timeout`` seconds for the first row."""
         action = "reserve from the dead-letter table" if dead else "reserve"
         deadline = time.monotonic() + max(timeout, 0)
         while True:
-            now = time.time()
-            where = [table.c.queue == queue_name, self._free(table, now)]
-            order = [table.c.id] if dead else [table.c.available_at, table.c.id]
-            if not dead:
-                where.append(table.c.available_at <= now)
-            query = (
-                sa.select(table.c.id, table.c.payload, table.c.attempts, table.c.reserved_at)
-                .where(*where).order_by(*order).limit(limit).with_for_update(skip_locked=True)
-            )
-            with self._guard(action, queue_name), self._write() as conn:
-                rows = conn.execute(query).all()
-                if rows:
-                    return self._stamp(conn, table, rows, now, queue_name, dead)
+            out: list[ReceivedMessage] = []
+            for table in self._readable() if dead else [self._ready]:
+                now = time.time()
+                where = [table.c.queue == queue_name, self._free(table, now)]
+                order = [table.c.id] if dead else [table.c.available_at, table.c.id]
+                if not dead:
+                    where.append(table.c.available_at <= now)
+                query = (
+                    sa.select(table.c.id, table.c.payload, table.c.attempts, table.c.reserved_at)
+                    .where(*where).order_by(*order).limit(limit - len(out)).with_for_update(skip_locked=True)
+                )
+                with self._guard(action, queue_name), self._write() as conn:
+                    rows = conn.execute(query).all()
+                    if rows:
+                        out += self._stamp(conn, table, rows, now, queue_name, dead)
+                if len(out) >= limit:
+                    break
+            if out:
+                return out
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
@@ -325,7 +400,8 @@ class SqlBinding(Binding):
             held = set(conn.execute(sa.select(table.c.id).where(table.c.id.in_(ids), table.c.reserved_at == token))
                        .scalars())
             rows = [row for row in rows if row.id in held]
-        return [self._message(row, queue_name, dead, _Receipt(row.id, token)) for row in rows]
+        extra = table.name if dead and table is not self._failed else ""
+        return [self._message(row, queue_name, dead, _Receipt(row.id, token, extra), table.name) for row in rows]
 
     @staticmethod
     def _receipt(message: ReceivedMessage) -> _Receipt:
@@ -402,16 +478,17 @@ class SqlBinding(Binding):
     def ack(self, message: ReceivedMessage) -> None:
         """Delete the row, if this reservation still holds it (a reclaimed row belongs to its new holder)."""
         receipt = self._receipt(message)
-        table = self._failed if message.from_dead_letter else self._ready
+        table = self._dead_table(receipt) if message.from_dead_letter else self._ready
         with self._guard("ack", message.queue_name), self._write() as conn:
             conn.execute(sa.delete(table).where(self._held(table, receipt)))
 
-    def _by_token(self, messages: Sequence[ReceivedMessage]) -> dict[tuple[bool, float], list[int]]:
-        """Row ids grouped by (dead-letter table?, reservation token): a batch reservation shares one token."""
-        groups: dict[tuple[bool, float], list[int]] = {}
+    def _by_token(self, messages: Sequence[ReceivedMessage]) -> dict[tuple[sa.Table, float], list[int]]:
+        """Row ids grouped by (table, reservation token): a batch reservation shares one token."""
+        groups: dict[tuple[sa.Table, float], list[int]] = {}
         for message in messages:
             receipt = self._receipt(message)
-            groups.setdefault((message.from_dead_letter, receipt.token), []).append(receipt.row_id)
+            table = self._dead_table(receipt) if message.from_dead_letter else self._ready
+            groups.setdefault((table, receipt.token), []).append(receipt.row_id)
         return groups
 
     def ack_many(self, messages: Sequence[ReceivedMessage]) -> None:
@@ -421,8 +498,7 @@ class SqlBinding(Binding):
         if not groups:
             return
         with self._guard("ack", messages[0].queue_name), self._write() as conn:
-            for (dead, token), ids in groups.items():
-                table = self._failed if dead else self._ready
+            for (table, token), ids in groups.items():
                 for start in range(0, len(ids), _BATCH_CHUNK):
                     chunk = ids[start:start + _BATCH_CHUNK]
                     conn.execute(sa.delete(table).where(table.c.reserved_at == token, table.c.id.in_(chunk)))
@@ -441,11 +517,11 @@ class SqlBinding(Binding):
                   .values(payload=sa.bindparam("b_payload"), attempts=t.c.attempts + 1, reserved_at=None,
                           available_at=time.time() + max(delay, 0)))
         with self._guard("release", messages[0].queue_name), self._write() as conn:
-            for (_, token), ids in dead.items():
+            for (table, token), ids in dead.items():
                 for start in range(0, len(ids), _BATCH_CHUNK):
                     chunk = ids[start:start + _BATCH_CHUNK]
-                    conn.execute(sa.update(self._failed).where(self._failed.c.reserved_at == token,
-                                                               self._failed.c.id.in_(chunk)).values(reserved_at=None))
+                    conn.execute(sa.update(table).where(table.c.reserved_at == token,
+                                                        table.c.id.in_(chunk)).values(reserved_at=None))
             if rows:
                 conn.execute(update, rows)
 
@@ -454,8 +530,9 @@ class SqlBinding(Binding):
         un-reserved, since a drain that gives up must leave the dead letter as it was."""
         receipt = self._receipt(message)
         if message.from_dead_letter:
+            table = self._dead_table(receipt)
             with self._guard("release a dead letter", message.queue_name), self._write() as conn:
-                conn.execute(sa.update(self._failed).where(self._held(self._failed, receipt)).values(reserved_at=None))
+                conn.execute(sa.update(table).where(self._held(table, receipt)).values(reserved_at=None))
             return
         values = {"payload": bumped_body(message), "attempts": self._ready.c.attempts + 1, "reserved_at": None,
                   "available_at": time.time() + max(delay, 0)}
@@ -467,7 +544,7 @@ class SqlBinding(Binding):
     ) -> None:
         """Delete the reserved row and insert the annotated copy into ``<table>_failed``, atomically."""
         receipt = self._receipt(message)
-        source = self._failed if message.from_dead_letter else self._ready
+        source = self._dead_table(receipt) if message.from_dead_letter else self._ready
         row = {"queue": message.queue_name, "urn": message.urn, "attempts": message.attempts,
                "reason": str(reason), "error": error, "exception": exception, "failed_at": bq.now_ms(),
                "payload": dead_letter_body(message, reason, error=error, exception=exception), "reserved_at": None}
@@ -483,19 +560,28 @@ class SqlBinding(Binding):
             return int(conn.execute(query).scalar_one())
 
     def dead_letter_depth(self, queue_name: str) -> int:
-        t = self._failed
-        query = sa.select(sa.func.count()).select_from(t).where(t.c.queue == queue_name, self._free(t, time.time()))
-        with self._guard("count dead letters", queue_name), self._read() as conn:
-            return int(conn.execute(query).scalar_one())
+        """Unreserved dead letters of the queue, summed over the dead-letter tables (a COUNT each)."""
+        total = 0
+        for t in self._readable():
+            query = sa.select(sa.func.count()).select_from(t).where(t.c.queue == queue_name,
+                                                                    self._free(t, time.time()))
+            with self._guard("count dead letters", queue_name), self._read() as conn:
+                total += int(conn.execute(query).scalar_one())
+        return total
 
     def browse_dead_letters(self, queue_name: str, limit: int = 100) -> list[ReceivedMessage]:
-        """The oldest ``limit`` dead letters of the queue, reserved or not; nothing is changed."""
-        t = self._failed
-        query = sa.select(t.c.payload, t.c.attempts).where(t.c.queue == queue_name).order_by(t.c.id)
-        query = query.limit(max(limit, 0))
-        with self._guard("browse dead letters", queue_name), self._read() as conn:
-            rows = conn.execute(query).all()
-        return [self._message(row, queue_name, True, None) for row in rows]
+        """The oldest ``limit`` dead letters of the queue, reserved or not, table after table; nothing is
+        changed."""
+        out: list[ReceivedMessage] = []
+        for t in self._readable():
+            if len(out) >= limit:
+                break
+            query = sa.select(t.c.payload, t.c.attempts).where(t.c.queue == queue_name).order_by(t.c.id)
+            query = query.limit(max(limit - len(out), 0))
+            with self._guard("browse dead letters", queue_name), self._read() as conn:
+                rows = conn.execute(query).all()
+            out += [self._message(row, queue_name, True, None, t.name) for row in rows]
+        return out
 
     def seen_store(self, name: str) -> SqlSeenStore:
         from .stores import SqlSeenStore
@@ -509,6 +595,11 @@ class SqlBinding(Binding):
 
     def dead_letter_name(self, queue_name: str) -> str:
         return self._failed.name
+
+    def dead_letter_sources(self, queue_name: str) -> list[str]:
+        """``<table>_failed``, then the tables of :attr:`SqlConfig.dead_letter_sources` (a queue's dead letters
+        are its rows in each: the tables are per connection, not per queue)."""
+        return list(self._dead_tables)
 
     def close(self) -> None:
         """Dispose the engine's pool if this binding created it; an injected engine is left alone."""

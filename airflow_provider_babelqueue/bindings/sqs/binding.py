@@ -10,7 +10,12 @@ ApproximateReceiveCount - 1); FIFO ``MessageGroupId`` = the configured group els
   native (ChangeMessageVisibility; the receive count then raises the reconciled attempts).
 * Bodies SQS cannot carry as text (invalid UTF-8, characters outside its set) travel as base64 with the
   attribute ``bq-body-encoding: base64`` (our extension), so poison bytes survive for triage.
-* Dead letters go to the ``RedrivePolicy`` target, else ``<queue><dead_letter_suffix>``. Counts are approximate.
+* Dead letters go to the ``RedrivePolicy`` target, else ``<queue><dead_letter_suffix>``. Every read of
+  dead letters (count, drain, redrive) takes, in order, the ``RedrivePolicy`` target, the written queue and
+  ``dead_letter_sources`` (default ``-failed``, ``-dlq``: the official SDKs' workers write ``<queue>-dlq``).
+  A read never creates a queue; a missing source is empty. Counts are approximate.
+* FIFO dead-letter queues are read ten messages per receive (see :meth:`SqsBinding.reserve_dead_letters`
+  for what SQS's message groups mean for a drain).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import math
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -45,6 +51,7 @@ from .wire import (
     Receipt,
     SqsConfig,
     dead_letter_queue_name,
+    dead_letter_source_names,
     entry_size,
     error_code,
     message_attributes,
@@ -64,6 +71,36 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: Seconds a queue found missing is taken as missing before a read asks SQS again (a drain reads its sources
+#: many times a run; a DLQ that appears later is found within this time).
+MISSING_TTL = 30.0
+#: Most messages one ReceiveMessage / DeleteMessageBatch call handles (SQS's cap).
+RECEIVE_MAX = 10
+#: How many ``meta.id`` values read from dead-letter queues this process remembers (see :func:`_redriven`).
+REDRIVEN_MEMORY = 100_000
+_redriven_ids: OrderedDict[str, None] = OrderedDict()
+_redriven_lock = threading.Lock()
+
+
+def _remember_dead_letter_id(meta_id: str) -> None:
+    """Note a ``meta.id`` read from a dead-letter queue: a FIFO publish of it is then a redrive (:func:`_redriven`)."""
+    if meta_id:
+        with _redriven_lock:
+            _redriven_ids[meta_id] = None
+            _redriven_ids.move_to_end(meta_id)
+            while len(_redriven_ids) > REDRIVEN_MEMORY:
+                _redriven_ids.popitem(last=False)
+
+
+def _redriven(meta_id: str) -> bool:
+    """Whether ``meta_id`` was read from a dead-letter queue by this process. A FIFO queue drops a send whose
+    deduplication id it saw in the last 5 minutes, and accepts the call as if it had stored it: a redrive of
+    a message dead-lettered minutes after its publish, sent with ``meta.id`` as the id, would vanish while
+    its DLQ copy is deleted. Such a send gets a fresh id instead; the replay ledger, not SQS, keeps a
+    redrive from publishing twice."""
+    with _redriven_lock:
+        return meta_id in _redriven_ids
+
 
 class SqsBinding(Binding):
     """Queues as SQS queues (see the module docstring). The DLQ cannot be browsed: SQS has no peek, and a
@@ -82,7 +119,8 @@ class SqsBinding(Binding):
         self._client, self._owns_client = client, client is None
         self._lock = threading.Lock()
         self._urls: dict[str, str] = {}
-        self._dead: dict[str, tuple[str, str]] = {}
+        self._missing: dict[str, float] = {}  # queue name -> when it was found missing (monotonic)
+        self._policies: dict[str, tuple[str, str] | None] = {}  # queue -> its RedrivePolicy (target, account)
 
     @property
     def client(self) -> Any:
@@ -156,11 +194,7 @@ class SqsBinding(Binding):
         ``dead_letter`` block cannot make a near-limit message impossible to dead-letter."""
         if (url := self._urls.get(name)) is not None:
             return url
-        if not (len(name) <= 80 and NAME.fullmatch(name.removesuffix(".fifo"))):
-            raise BindingError(
-                f"{name!r} is not a valid SQS queue name: 1-80 letters, digits, '-' or '_', with an "
-                "optional '.fifo' suffix ('.' is illegal anywhere else)"
-            )
+        _check_name(name)
         cfg = self.config
         attributes = {"MaximumMessageSize": str(cfg.max_message_bytes)}
         if dead:
@@ -176,8 +210,37 @@ class SqsBinding(Binding):
                 if error_code(exc) not in MISSING or not cfg.create_queues:
                     raise
                 url = self.client.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"]
+        self._missing.pop(name, None)
         self._urls[name] = url
         return url
+
+    def _find(self, name: str, owner: str | None = None) -> str | None:
+        """The URL of queue ``name`` if it exists, else ``None``, never creating it: a read (a count, a drain)
+        that created a dead-letter queue would leave an empty one beside the queue holding the dead letters.
+        A miss is remembered for :data:`MISSING_TTL` seconds. :param owner: the owning account (a
+        ``RedrivePolicy`` target may live in another one)."""
+        if (url := self._urls.get(name)) is not None:
+            return url
+        if (since := self._missing.get(name)) is not None and time.monotonic() - since < MISSING_TTL:
+            return None
+        _check_name(name)
+        params = {"QueueName": name} | ({"QueueOwnerAWSAccountId": owner} if owner else {})
+        with self._guard("resolve the URL of queue", name):
+            try:
+                url = self.client.get_queue_url(**params)["QueueUrl"]
+            except self._errors.ClientError as exc:
+                if error_code(exc) not in MISSING:
+                    raise
+                self._missing[name] = time.monotonic()
+                return None
+        self._missing.pop(name, None)
+        self._urls[name] = url
+        return url
+
+    def _forget(self, name: str) -> None:
+        """Drop a cached URL whose queue turned out to be gone (deleted since it was found)."""
+        self._urls.pop(name, None)
+        self._missing[name] = time.monotonic()
 
     def _attribute(self, url: str, name: str, target: str) -> str | None:
         return (
@@ -186,33 +249,72 @@ class SqsBinding(Binding):
             .get(name)
         )
 
-    def _dead_letter_queue(self, queue_name: str) -> tuple[str, str]:
-        """``(name, url)`` of the DLQ: the ``RedrivePolicy`` target, else the fallback. Resolved once."""
-        if (cached := self._dead.get(queue_name)) is None:
-            if policy := self._attribute(self._url(queue_name), "RedrivePolicy", queue_name):
-                try:
-                    _, _, _, _, account, name = json.loads(policy)["deadLetterTargetArn"].split(":")
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise BindingError(f"SQS queue {queue_name!r} has an unreadable RedrivePolicy {policy!r}") from exc
-                cached = (
-                    name,
-                    self._call(
-                        "resolve the RedrivePolicy target",
-                        name,
-                        "get_queue_url",
-                        QueueName=name,
-                        QueueOwnerAWSAccountId=account,
-                    )["QueueUrl"],
-                )
-            else:
-                name = dead_letter_queue_name(queue_name, self.config.dead_letter_suffix)
-                cached = (name, self._url(name, dead=True))
-            self._dead[queue_name] = cached
-        return cached
+    def _redrive_target(self, queue_name: str) -> tuple[str, str] | None:
+        """``(name, account)`` of the queue's ``RedrivePolicy`` target, or ``None``. Asked once per binding for
+        a queue that exists; a missing queue has no policy yet (and is not created by asking)."""
+        if queue_name in self._policies:
+            return self._policies[queue_name]
+        url = self._find(queue_name)
+        if url is None:
+            return None
+        target: tuple[str, str] | None = None
+        if policy := self._attribute(url, "RedrivePolicy", queue_name):
+            try:
+                _, _, _, _, account, name = json.loads(policy)["deadLetterTargetArn"].split(":")
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise BindingError(f"SQS queue {queue_name!r} has an unreadable RedrivePolicy {policy!r}") from exc
+            target = (name, account)
+        self._policies[queue_name] = target
+        return target
 
     def dead_letter_name(self, queue_name: str) -> str:
-        """The DLQ's name: the ``RedrivePolicy`` target if any (this asks SQS once), else the fallback."""
-        return self._dead_letter_queue(queue_name)[0]
+        """Where dead letters are written: the ``RedrivePolicy`` target if any (this asks SQS once), else
+        ``<queue><dead_letter_suffix>``. Naming it creates nothing."""
+        target = self._redrive_target(queue_name)
+        return target[0] if target else dead_letter_queue_name(queue_name, self.config.dead_letter_suffix)
+
+    def dead_letter_sources(self, queue_name: str) -> list[str]:
+        """Every DLQ a read takes, in order: the ``RedrivePolicy`` target, the written fallback
+        ``<queue><dead_letter_suffix>``, then ``dead_letter_sources`` (default ``-failed``, ``-dlq``), each
+        once. The official SDKs' workers write ``<queue>-dlq`` where we write ``<queue>-failed``; a count or a
+        drain that looked at one of them would miss half the dead letters of a mixed fleet."""
+        target = self._redrive_target(queue_name)
+        names = [target[0]] if target else []
+        names.append(dead_letter_queue_name(queue_name, self.config.dead_letter_suffix))
+        names += dead_letter_source_names(queue_name, Binding.source_entries(self.config.dead_letter_sources))
+        return list(dict.fromkeys(names))
+
+    def dead_letters_hidden_while_held(self, queue_name: str) -> bool:
+        """Whether dead letters this binding holds unsettled can hide the rest of ``queue_name``'s DLQ from the
+        next reservation: true for a FIFO queue (its DLQs are FIFO, and SQS returns nothing more of a message
+        group while one of it is in flight). A drain or redrive then settles what it holds before it takes an
+        empty reservation for an empty DLQ (see :meth:`reserve_dead_letters`)."""
+        return queue_name.endswith(".fifo")
+
+    def _dead_letter_urls(self, queue_name: str) -> list[tuple[str, str]]:
+        """``(name, url)`` of each source of :meth:`dead_letter_sources` that exists, in order."""
+        target = self._redrive_target(queue_name)
+        out = []
+        for name in self.dead_letter_sources(queue_name):
+            url = self._find(name, target[1] if target and name == target[0] else None)
+            if url is not None:
+                out.append((name, url))
+        return out
+
+    def _written_dead_letter_queue(self, queue_name: str) -> tuple[str, str]:
+        """``(name, url)`` dead letters are written to: the ``RedrivePolicy`` target (which must exist), else
+        the fallback, created when ``create_queues``."""
+        if (target := self._redrive_target(queue_name)) is not None:
+            name, account = target
+            if (url := self._urls.get(name)) is None:
+                url = self._call(
+                    "resolve the RedrivePolicy target", name, "get_queue_url", QueueName=name,
+                    QueueOwnerAWSAccountId=account,
+                )["QueueUrl"]
+                self._urls[name] = url
+            return name, url
+        name = dead_letter_queue_name(queue_name, self.config.dead_letter_suffix)
+        return name, self._url(name, dead=True)
 
     def _entry(
         self,
@@ -253,7 +355,9 @@ class SqsBinding(Binding):
         if queue_name.endswith(".fifo"):
             entry["MessageGroupId"] = self.config.fifo_group_id or queue_name
             meta_id = bq.meta_id_of(envelope) if envelope is not None else ""
-            if fresh_dedup:  # a retry or a move is a new send; the original's id would be deduplicated away
+            # A retry or a move is a new send, and so is a redrive (see _redriven): with the original's id,
+            # or the hash of the same bytes, SQS would deduplicate it away (5 minutes).
+            if fresh_dedup or _redriven(meta_id):
                 entry["MessageDeduplicationId"] = uuid.uuid4().hex
             elif not self.config.content_based_dedup:
                 entry["MessageDeduplicationId"] = (
@@ -263,32 +367,45 @@ class SqsBinding(Binding):
             entry["DelaySeconds"] = whole_seconds(delay, MAX_DELAY_SECONDS, "DelaySeconds")
         return entry
 
-    def _receive(self, queue_name: str, url: str, timeout: float, dead: bool) -> ReceivedMessage | None:
-        """One message, long polling (whole seconds, ``wait_time_seconds`` at most per call) until ``timeout``."""
+    def _receive_batch(
+        self, queue_name: str, url: str, count: int, wait: int, source: str | None = None
+    ) -> list[ReceivedMessage]:
+        """One ReceiveMessage of up to ``count`` (at most 10) messages, waiting up to ``wait`` whole seconds.
+
+        :param source: the dead-letter queue read, for a DLQ read; such a queue deleted since it was found
+            counts as empty rather than failing the drain.
+        """
         params: dict[str, Any] = {
             "QueueUrl": url,
-            "MaxNumberOfMessages": 1,
+            "MaxNumberOfMessages": max(1, min(count, RECEIVE_MAX)),
             "MessageAttributeNames": ["All"],
             "AttributeNames": ["ApproximateReceiveCount"],
+            "WaitTimeSeconds": wait,
         }
         if self.config.visibility_timeout is not None:
             params["VisibilityTimeout"] = math.ceil(self.config.visibility_timeout)
-        deadline = time.monotonic() + max(timeout, 0)
-        while True:
-            left = deadline - time.monotonic()
-            params["WaitTimeSeconds"] = min(math.ceil(left), self.config.wait_time_seconds) if left > 0 else 0
-            if messages := self._call("receive from", queue_name, "receive_message", **params).get("Messages"):
-                break
-            if deadline - time.monotonic() <= 0.01:
-                return None
-        attributes, body = messages[0].get("MessageAttributes") or {}, messages[0].get("Body", "").encode()
+        try:
+            reply = self._call("receive from", source or queue_name, "receive_message", **params)
+        except BindingError as exc:
+            if source is None or error_code(exc.__cause__) not in MISSING:
+                raise
+            self._forget(source)
+            return []
+        return [self._message(raw, queue_name, url, source) for raw in reply.get("Messages") or []]
+
+    def _message(self, raw: Mapping[str, Any], queue_name: str, url: str, source: str | None) -> ReceivedMessage:
+        """A received SQS message as a :class:`ReceivedMessage` (a base64-marked body decoded, attempts
+        reconciled with ``ApproximateReceiveCount``; the body itself is never rewritten)."""
+        attributes, body = raw.get("MessageAttributes") or {}, raw.get("Body", "").encode()
         if attributes.get(BODY_ENCODING_ATTRIBUTE, {}).get("StringValue") == "base64":
             try:
                 body = base64.b64decode(body, validate=True)
             except binascii.Error:
                 logger.warning("SQS message on %r is marked base64 but is not; kept as it came", queue_name)
         envelope, error, body_attempts = parse_body(body)
-        count = (messages[0].get("Attributes") or {}).get("ApproximateReceiveCount")
+        count = (raw.get("Attributes") or {}).get("ApproximateReceiveCount")
+        if source is not None and envelope is not None:
+            _remember_dead_letter_id(bq.meta_id_of(envelope))
         return ReceivedMessage(
             body=body,
             queue_name=queue_name,
@@ -301,9 +418,21 @@ class SqsBinding(Binding):
                 for k, a in attributes.items()
                 if k != BODY_ENCODING_ATTRIBUTE and "StringValue" in a
             },
-            receipt=Receipt(url, messages[0]["ReceiptHandle"]),
-            from_dead_letter=dead,
+            receipt=Receipt(url, raw["ReceiptHandle"]),
+            from_dead_letter=source is not None,
+            dead_letter_source=source,
         )
+
+    def _receive(self, queue_name: str, url: str, timeout: float) -> ReceivedMessage | None:
+        """One message, long polling (whole seconds, ``wait_time_seconds`` at most per call) until ``timeout``."""
+        deadline = time.monotonic() + max(timeout, 0)
+        while True:
+            left = deadline - time.monotonic()
+            wait = min(math.ceil(left), self.config.wait_time_seconds) if left > 0 else 0
+            if messages := self._receive_batch(queue_name, url, 1, wait):
+                return messages[0]
+            if deadline - time.monotonic() <= 0.01:
+                return None
 
     def publish(
         self, body: bytes, queue_name: str, *, headers: Mapping[str, Any] | None = None, delay: float = 0
@@ -347,10 +476,53 @@ class SqsBinding(Binding):
 
     def reserve(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
         """ReceiveMessage; ``timeout`` is rounded up to whole seconds of long polling."""
-        return self._receive(queue_name, self._url(queue_name), timeout, dead=False)
+        return self._receive(queue_name, self._url(queue_name), timeout)
 
     def reserve_dead_letter(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
-        return self._receive(queue_name, self._dead_letter_queue(queue_name)[1], timeout, dead=True)
+        """The next dead letter of any source (:meth:`dead_letter_sources`, in order); see
+        :meth:`reserve_dead_letters`."""
+        messages = self.reserve_dead_letters(queue_name, 1, timeout)
+        return messages[0] if messages else None
+
+    def reserve_dead_letters(self, queue_name: str, limit: int, timeout: float = 0) -> list[ReceivedMessage]:
+        """Up to ``limit`` dead letters, source after source (:meth:`dead_letter_sources`), ten per
+        ReceiveMessage; each carries its source in ``dead_letter_source``. Missing sources are skipped (never
+        created). ``timeout`` is waited for the first message only, long polling the sources in turn.
+
+        FIFO dead-letter queues (both SDKs write every dead letter of a queue into one message group): SQS
+        returns no further message of a group while one of it is in flight ("If the message is received and
+        not deleted, messages with the same MessageGroupId are not returned until the visibility timeout
+        expires", FIFO delivery logic, Amazon SQS Developer Guide), but one ReceiveMessage may return up to
+        ten messages of the same group, in order ("These messages retain their FIFO order and can have the
+        same message group ID"). So each call takes whole receives of ten: receiving one at a time held one
+        message per group and hid the rest of the group until that one was settled. A group longer than what
+        the caller holds unsettled (a drain or redrive acks a batch only once it is durable or published)
+        continues after the caller's ack: the next call then finds the group's next messages. Deleting before
+        the caller made them durable would free the group sooner, and lose them on a crash.
+        """
+        if limit <= 0:
+            return []
+        sources = self._dead_letter_urls(queue_name)
+        out: list[ReceivedMessage] = []
+        deadline = time.monotonic() + max(timeout, 0)
+        wait = 0
+        while True:
+            for name, url in sources:
+                while len(out) < limit:
+                    batch = self._receive_batch(queue_name, url, limit - len(out), 0 if out else wait, name)
+                    if not batch:
+                        break
+                    out += batch
+                if len(out) >= limit:
+                    break
+            left = deadline - time.monotonic()
+            if out or left <= 0.01:
+                return out
+            if not sources:  # nothing to long-poll: wait out the timeout, then look for the queues again
+                time.sleep(min(left, 1.0))
+                sources = self._dead_letter_urls(queue_name)
+                continue
+            wait = max(1, min(math.ceil(left / len(sources)), self.config.wait_time_seconds))
 
     def ack(self, message: ReceivedMessage) -> None:
         """DeleteMessage. A receipt that expired meanwhile only logs a warning: SQS delivers the message again."""
@@ -361,6 +533,29 @@ class SqsBinding(Binding):
             if error_code(exc.__cause__) != "ReceiptHandleIsInvalid":
                 raise
             logger.warning("SQS receipt on %s expired (delivered again); nothing was deleted", receipt.QueueUrl)
+
+    def ack_many(self, messages: Sequence[ReceivedMessage]) -> None:
+        """DeleteMessageBatch, ten receipts a call, per queue in order: a drain's or redrive's acks in a tenth
+        of the round trips. An expired receipt only logs a warning, as in :meth:`ack`; any other refused entry
+        raises (settling again is harmless, so the caller may retry or release the batch)."""
+        by_url: dict[str, list[Receipt]] = {}
+        for message in messages:
+            receipt = _receipt(message)
+            by_url.setdefault(receipt.QueueUrl, []).append(receipt)
+        for url, receipts in by_url.items():
+            for start in range(0, len(receipts), RECEIVE_MAX):
+                chunk = receipts[start:start + RECEIVE_MAX]
+                entries = [{"Id": str(i), "ReceiptHandle": r.ReceiptHandle} for i, r in enumerate(chunk)]
+                reply = self._call("delete messages from", url, "delete_message_batch", QueueUrl=url, Entries=entries)
+                failed = reply.get("Failed") or []
+                if expired := [f for f in failed if f.get("Code") == "ReceiptHandleIsInvalid"]:
+                    logger.warning("%d SQS receipts on %s expired (delivered again); they were not deleted",
+                                   len(expired), url)
+                if refused := [f for f in failed if f.get("Code") != "ReceiptHandleIsInvalid"]:
+                    raise BindingError(
+                        f"SQS {url}: deleting {len(refused)} of {len(chunk)} messages failed "
+                        f"({refused[0].get('Code')}: {refused[0].get('Message')})"
+                    )
 
     def release(self, message: ReceivedMessage, delay: float = 0) -> None:
         """Send a copy with ``attempts`` + 1 (``DelaySeconds`` = delay, capped at 900; a fresh deduplication id
@@ -391,9 +586,10 @@ class SqsBinding(Binding):
     def dead_letter(
         self, message: ReceivedMessage, reason: str, *, error: str | None = None, exception: str | None = None
     ) -> None:
-        """Send the annotated envelope (poison: the bytes) to the DLQ, then delete the original."""
+        """Send the annotated envelope (poison: the bytes) to the written DLQ (:meth:`dead_letter_name`), then
+        delete the original."""
         _receipt(message)
-        name, url = self._dead_letter_queue(message.queue_name)
+        name, url = self._written_dead_letter_queue(message.queue_name)
         body = base.dead_letter_body(message, reason, error=error, exception=exception)
         entry = self._entry(
             body, name, url, headers=_forwarded(message.headers), fresh_dedup=True, limit=SERVICE_MAX_MESSAGE_BYTES
@@ -416,8 +612,17 @@ class SqsBinding(Binding):
         return self._count(self._url(queue_name), queue_name)
 
     def dead_letter_depth(self, queue_name: str) -> int:
-        name, url = self._dead_letter_queue(queue_name)
-        return self._count(url, name)
+        """The sum of :meth:`depth`'s count over the sources that exist (one call each; a missing source is
+        0 and is not created)."""
+        total = 0
+        for name, url in self._dead_letter_urls(queue_name):
+            try:
+                total += self._count(url, name)
+            except BindingError as exc:
+                if error_code(exc.__cause__) not in MISSING:
+                    raise
+                self._forget(name)
+        return total
 
     def ping(self) -> None:
         """ListQueues once: proves the endpoint, the credentials and the sqs:ListQueues right."""
@@ -430,6 +635,15 @@ class SqsBinding(Binding):
         if self._owns_client and self._client is not None:
             self._client.close()
             self._client = None
+
+
+def _check_name(name: str) -> None:
+    """Refuse a name SQS cannot hold before any call, saying why."""
+    if not (len(name) <= 80 and NAME.fullmatch(name.removesuffix(".fifo"))):
+        raise BindingError(
+            f"{name!r} is not a valid SQS queue name: 1-80 letters, digits, '-' or '_', with an "
+            "optional '.fifo' suffix ('.' is illegal anywhere else)"
+        )
 
 
 def _receipt(message: ReceivedMessage) -> Receipt:

@@ -14,6 +14,31 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ...core import envelope as bq
+from ..base import Binding
+
+__all__ = [
+    "ATTRIBUTE_NAME",
+    "BODY_ENCODING_ATTRIBUTE",
+    "DEDUP_ID",
+    "DEFAULT_DEAD_LETTER_SOURCES",
+    "HINTS",
+    "MAX_DELAY_SECONDS",
+    "MAX_VISIBILITY_TIMEOUT",
+    "MISSING",
+    "NAME",
+    "NOT_SQS_TEXT",
+    "SERVICE_MAX_MESSAGE_BYTES",
+    "Receipt",
+    "SqsConfig",
+    "dead_letter_queue_name",
+    "dead_letter_source_names",
+    "entry_size",
+    "error_code",
+    "message_attributes",
+    "receive_count",
+    "reconcile_attempts",
+    "whole_seconds",
+]
 
 #: Warnings go to the public module's logger, the name users configure.
 logger = logging.getLogger("airflow_provider_babelqueue.bindings.sqs")
@@ -27,6 +52,9 @@ NAME = re.compile(r"[A-Za-z0-9_-]+")
 NOT_SQS_TEXT = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 ATTRIBUTE_NAME = re.compile(r"(?!\.)(?!.*\.\.)(?!.*\.$)(?!(?i:aws\.|amazon\.))[A-Za-z0-9_.-]{1,256}")
 DEDUP_ID = re.compile(r"[!-~]{1,128}")
+#: The DLQs read besides the written one: ours, and ``-dlq`` where the official SDKs' workers write
+#: (``SqsTransport.dead_letter_queue_name``), so a mixed fleet's dead letters are counted and drained together.
+DEFAULT_DEAD_LETTER_SOURCES = ("-failed", "-dlq")
 MISSING = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
 HINTS = {  # AWS error code or botocore error class -> what to check
     **dict.fromkeys(MISSING, "the queue does not exist; create it, or enable create_queues"),
@@ -51,6 +79,23 @@ def dead_letter_queue_name(queue_name: str, suffix: str = "-failed") -> str:
     """The fallback DLQ of a queue without a ``RedrivePolicy``: ``<queue><suffix>``, before ``.fifo``
     (a FIFO queue's DLQ must be FIFO too, and ``.`` is legal in SQS names only in that suffix)."""
     return f"{queue_name[:-5]}{suffix}.fifo" if queue_name.endswith(".fifo") else f"{queue_name}{suffix}"
+
+
+def dead_letter_source_names(queue_name: str, entries: tuple[str, ...]) -> list[str]:
+    """The queue names ``dead_letter_sources`` entries give for ``queue_name``, in order, with the entry forms
+    every binding shares: a template holds ``{queue}`` (``dead-{queue}``); an entry starting with a letter or
+    digit is a full name, read for every queue; any other is a suffix (``-dlq``). On a FIFO queue the name is
+    made from the queue name without ``.fifo``, and ``.fifo`` is kept last (``orders-dlq.fifo``): a FIFO
+    queue's DLQ must be FIFO, and ``.`` is legal in SQS names only in that suffix."""
+    base, fifo = (queue_name[:-5], ".fifo") if queue_name.endswith(".fifo") else (queue_name, "")
+    names = []
+    for entry in entries:
+        if "{queue}" in entry:
+            name = entry.replace("{queue}", base)
+        else:
+            name = entry.removesuffix(".fifo") if entry[:1].isalnum() else f"{base}{entry}"
+        names.append(name + fifo)
+    return names
 
 
 def message_attributes(envelope: Mapping[str, Any]) -> dict[str, dict[str, str]]:
@@ -102,7 +147,13 @@ class SqsConfig:
     :param fifo_group_id: ``MessageGroupId`` on FIFO queues; ``None`` = the queue name (one ordered group).
     :param content_based_dedup: send no ``MessageDeduplicationId`` (the FIFO queue hashes the body; queues we
         create get the attribute). Sending meta.id works on either kind of queue.
-    :param dead_letter_suffix: fallback DLQ = ``<queue><suffix>`` for queues without a ``RedrivePolicy``.
+    :param dead_letter_suffix: fallback DLQ = ``<queue><suffix>`` for queues without a ``RedrivePolicy``: where
+        dead letters are written.
+    :param dead_letter_sources: the DLQs *read* besides the ``RedrivePolicy`` target and the written one
+        (both always read, first): suffixes, ``{queue}`` templates or full names, as a list or comma text
+        (:func:`dead_letter_source_names`). The default adds ``-dlq``, where the official SDKs' workers write,
+        so their dead letters are counted, drained and redriven without configuration; ``()`` reads only the
+        written one. A read never creates a queue: a missing one counts as empty.
     :param wait_time_seconds: longest single long poll (1-20); ``reserve`` loops for longer timeouts.
     :param visibility_timeout: whole seconds a received message stays hidden (sent with every receive, set
         on queues we create); ``None`` keeps the queue's own (30 s unless changed).
@@ -121,6 +172,7 @@ class SqsConfig:
     fifo_group_id: str | None = None
     content_based_dedup: bool = False
     dead_letter_suffix: str = "-failed"
+    dead_letter_sources: tuple[str, ...] | str | None = DEFAULT_DEAD_LETTER_SOURCES
     wait_time_seconds: int = 20
     visibility_timeout: float | None = None
     max_message_bytes: int = SERVICE_MAX_MESSAGE_BYTES
@@ -128,7 +180,17 @@ class SqsConfig:
     create_queues: bool = True
 
     def __post_init__(self) -> None:
+        sources = Binding.source_entries(self.dead_letter_sources)
+        object.__setattr__(self, "dead_letter_sources", sources)
+        bad_source = next(
+            (s for s in sources if not NAME.fullmatch(s.replace("{queue}", "q").removesuffix(".fifo"))), None
+        )
         for bad, problem in (
+            (
+                bad_source is not None,
+                f"dead_letter_sources entry {bad_source!r} must be a suffix, a full name or a {{queue}} template "
+                "of letters, digits, '-' or '_' (SQS names allow nothing else)",
+            ),
             (
                 bool(self.aws_access_key_id) != bool(self.aws_secret_access_key),
                 "aws_access_key_id and aws_secret_access_key go together (neither = the default chain)",

@@ -10,6 +10,11 @@ Through a binding that offers a dead-letter pipeline (the typed optional capabil
 (:mod:`.pipelined`). The rule is unchanged: a message is acked only after the sync of the file holding it
 returned.
 
+A source is a logical queue; its binding may read several dead-letter queues for it (``dead_letter_sources``:
+the spec's name and the ``<queue>.dlq`` the official SDKs' workers write). The drain takes them all, and each
+record's ``dead_letter_queue`` names the one its message came from; ``by_source`` stays keyed by connection and
+queue.
+
 The operator (``operators/drain.py``) resolves connections into :class:`DrainSource` values and a destination
 into a sink, then calls :func:`drain_dead_letters`.
 """
@@ -65,11 +70,16 @@ class DrainResult:
         return {"path": self.path, "records": self.records, "bytes": self.bytes, "by_source": dict(self.by_source)}
 
 
-def template_for(source: DrainSource) -> RecordTemplate:
-    """The record template of ``source``'s dead letters (its broker, queue, DLQ and connection id)."""
+def template_for(source: DrainSource, dead_letter_queue: str | None = None) -> RecordTemplate:
+    """The record template of ``source``'s dead letters (its broker, queue, DLQ and connection id).
+
+    :param dead_letter_queue: the DLQ the records' messages were read from (one of the binding's
+        ``dead_letter_sources``); by default the one the binding writes.
+    """
     binding = source.binding
     return RecordTemplate(broker=binding.name, queue_name=source.queue_name,
-                          dead_letter_queue=binding.dead_letter_name(source.queue_name), source_conn_id=source.conn_id)
+                          dead_letter_queue=dead_letter_queue or binding.dead_letter_name(source.queue_name),
+                          source_conn_id=source.conn_id)
 
 
 def _give_back(binding: Binding, messages: Sequence[ReceivedMessage],
@@ -134,6 +144,14 @@ class _Drain:
         self.next_log = progress_every
         self.started = time.monotonic()
         self.full = False
+        self.templates: dict[tuple[str, str | None], RecordTemplate] = {}
+
+    def template(self, source: DrainSource, dead_letter_queue: str | None) -> RecordTemplate:
+        """The record template of ``source``'s dead letters read from ``dead_letter_queue`` (built once)."""
+        key = (source.key, dead_letter_queue)
+        if (template := self.templates.get(key)) is None:
+            template = self.templates[key] = template_for(source, dead_letter_queue)
+        return template
 
     # -- bounds
 
@@ -386,24 +404,40 @@ class _Drain:
         return max(limit, 1)
 
     def move(self, source: DrainSource) -> None:
-        """Reserve dead letters in batches (``reserve_dead_letters``, one round trip on Redis and SQL), buffer
-        their records; :meth:`flush` acks each durable batch with ``ack_many``. A binding with a dead-letter
-        pipeline (Redis) is drained through it instead (:func:`.pipelined.move_pipelined`); with a
-        ``reserve_timeout``, a source found empty is then waited for here."""
-        binding, template = source.binding, template_for(source)
-        pipeline = binding.open_dead_letter_pipeline(source.queue_name)
-        if pipeline is not None:
-            move_pipelined(self, source, pipeline, template)
-            if self.reserve_timeout <= 0:
+        """Reserve dead letters in batches (``reserve_dead_letters``, one round trip on Redis and SQL, taking each
+        dead-letter source in turn), buffer their records; :meth:`flush` acks each durable batch with
+        ``ack_many``. A binding with a dead-letter pipeline (Redis) is drained through one pipeline per source
+        instead (:func:`.pipelined.move_pipelined`); with a ``reserve_timeout``, a queue found empty is then
+        waited for here."""
+        binding = source.binding
+        piped = False
+        for dead_letter_queue in binding.dead_letter_sources(source.queue_name):
+            pipeline = binding.open_dead_letter_pipeline(source.queue_name, source=dead_letter_queue)
+            if pipeline is None:
+                break
+            piped = True
+            move_pipelined(self, source, pipeline, self.template(source, dead_letter_queue))
+            if self.full or self.count_full():
                 return
+        if piped and self.reserve_timeout <= 0:
+            return
+        settled = False
         while not self.count_full() and not self.full:
             messages = binding.reserve_dead_letters(source.queue_name, self.reserve_limit(),
                                                     timeout=self.reserve_timeout)
             if not messages:
-                return
+                # What we hold may hide the rest of the DLQ (SQS FIFO groups): make it durable, ack it, look again.
+                if settled or not self.sink.durable_batches or not self.unsynced \
+                        or not binding.dead_letters_hidden_while_held(source.queue_name):
+                    return
+                self.flush()
+                settled = True
+                continue
+            settled = False
             batch = _Reserved(binding, messages)
             self.hand, self.taken = batch, 0
             for index, message in enumerate(messages):
+                template = self.template(source, message.dead_letter_source)
                 if not self.add(source, message, template, batch, index):
                     self.hand = None
                     _give_back(binding, messages[index:], self.log)  # back to the DLQ unchanged: not in the file
@@ -413,29 +447,50 @@ class _Drain:
     def browse(self, source: DrainSource) -> None:
         """Read the DLQ in growing windows (browse has no cursor: each call reads from the head) and write
         the messages past the ones already written. A concurrent consumer can shift the window: browse
-        mode is a best-effort snapshot, not an exact one. A window is held in memory whole."""
-        binding, template = source.binding, template_for(source)
+        mode is a best-effort snapshot, not an exact one. A window is held in memory whole.
+
+        Where the binding offers the stored bytes (Redis), each dead-letter source is read on its own, so every
+        record names its source; otherwise the binding's browse spans the sources and each message names its."""
+        binding = source.binding
         # Start with the whole DLQ (one read when nothing arrives meanwhile); the window doubles if it grew.
-        seen, limit = 0, max(self.batch_records, binding.dead_letter_depth(source.queue_name) + 1)
+        window = max(self.batch_records, binding.dead_letter_depth(source.queue_name) + 1)
+        for dead_letter_queue in binding.dead_letter_sources(source.queue_name):
+            if not self.browse_raws(source, dead_letter_queue, window):
+                break  # not offered: browse the messages of every source below
+            if self.count_full() or self.full:
+                return
+        else:
+            return
+        seen, limit = 0, window
         while not self.count_full() and not self.full:
             if self.max_messages is not None:
                 limit = min(limit, seen + self.max_messages - self.result.records)
-            # Only the bytes past the ones written, where the binding offers them (Redis: an LRANGE from seen).
-            raws = binding.browse_dead_letter_raws(source.queue_name, seen, limit)
-            if raws is not None:
-                self.add_raws(source, raws, template)
-                if self.full:
+            batch = binding.browse_dead_letters(source.queue_name, limit=limit)
+            for message in batch[seen:]:
+                if not self.add(source, message, self.template(source, message.dead_letter_source), None, 0):
                     return
-                seen = got = seen + len(raws)
-            else:
-                batch = binding.browse_dead_letters(source.queue_name, limit=limit)
-                for message in batch[seen:]:
-                    if not self.add(source, message, template, None, 0):
-                        return
-                seen = got = max(seen, len(batch))
-            if got < limit:
+            seen = max(seen, len(batch))
+            if seen < limit:
                 return
             limit *= 2
+
+    def browse_raws(self, source: DrainSource, dead_letter_queue: str, limit: int) -> bool:
+        """Browse one dead-letter source through ``browse_dead_letter_raws`` (only the bytes past the ones
+        written: on Redis an LRANGE from ``seen``); ``False`` when the binding does not offer it."""
+        binding, template = source.binding, self.template(source, dead_letter_queue)
+        seen = 0
+        while not self.count_full() and not self.full:
+            if self.max_messages is not None:
+                limit = min(limit, seen + self.max_messages - self.result.records)
+            raws = binding.browse_dead_letter_raws(source.queue_name, seen, limit, source=dead_letter_queue)
+            if raws is None:
+                return False
+            self.add_raws(source, raws, template)
+            seen += len(raws)
+            if self.full or seen < limit:
+                break
+            limit *= 2
+        return True
 
 
 def drain_dead_letters(
@@ -487,8 +542,8 @@ def drain_dead_letters(
             before = run.result.records
             (run.move if mode == "move" else run.browse)(source)
             run.log.info("%s: %d dead letters from %s of %s", "moved" if mode == "move" else "copied",
-                         run.result.records - before, source.binding.dead_letter_name(source.queue_name),
-                         source.key)
+                         run.result.records - before,
+                         " + ".join(source.binding.dead_letter_sources(source.queue_name)), source.key)
         run.finish()
     except BaseException:
         run.fail()

@@ -1,4 +1,9 @@
-"""What a replay reads: a DLQ by reservation (redrive) or by browse (dry run), or a replay-set file or folder."""
+"""What a replay reads: a DLQ by reservation (redrive) or by browse (dry run), or a replay-set file or folder.
+
+A queue's "DLQ" is every dead-letter queue its binding reads for it (``Binding.dead_letter_sources``: the
+spec's name and the ``<queue>.dlq`` of the official SDKs' workers): the binding's reads span them in order, and
+each reservation is acked or released on the queue it came from.
+"""
 
 from __future__ import annotations
 
@@ -33,12 +38,20 @@ FileList = list[tuple[str, Callable[[], IO[bytes]]]]
 
 def feed_from_dead_letters(replayer: Replayer, binding: Binding, queue_name: str, reserve_timeout: float) -> None:
     """Redrive: reserve DLQ messages a batch at a time (``reserve_dead_letters``, never past what
-    ``max_messages`` could still use) until the DLQ is empty or ``max_messages`` are planned. Messages not
-    replayed stay reserved until the run ends (so the loop moves past them), then are released."""
+    ``max_messages`` could still use, from each dead-letter source in turn) until every source is empty or
+    ``max_messages`` are planned. Messages not replayed stay reserved until the run ends (so the loop moves past
+    them), then are released to the source they came from."""
+    settled = False
     while not replayer.full:
         messages = binding.reserve_dead_letters(queue_name, replayer.room(), timeout=reserve_timeout)
         if not messages:
-            return
+            # What we hold may hide the rest of the DLQ (SQS FIFO groups): publish and ack it, then look again.
+            if settled or not replayer.unsettled or not binding.dead_letters_hidden_while_held(queue_name):
+                return
+            replayer.flush()
+            settled = True
+            continue
+        settled = False
         start = replayer.taken
         try:
             for message in messages:
@@ -49,7 +62,8 @@ def feed_from_dead_letters(replayer: Replayer, binding: Binding, queue_name: str
 
 
 def feed_from_browse(replayer: Replayer, binding: Binding, queue_name: str, window: int = 1000) -> None:
-    """Dry run on a broker that can browse: read the DLQ in growing windows, touching nothing."""
+    """Dry run on a broker that can browse: read the DLQ (every dead-letter source, in the binding's order) in
+    growing windows, touching nothing."""
     seen, limit = 0, max(window, binding.dead_letter_depth(queue_name) + 1)
     while not replayer.full:
         batch = binding.browse_dead_letters(queue_name, limit=limit)
