@@ -1,8 +1,8 @@
 """Where a dead-letter pipeline run keeps its files, and the small readers its Python tasks share.
 
 The sample DAGs (``dags/``) and ``make demo`` use these so that a run's drain file, triage Parquet, report and
-replay set sit together under one folder named after the run, and so that the dry-run gate, the replay fan-out
-and the demo's summary read the Spark jobs' summaries the same way. Nothing here touches a broker.
+replay set sit together under one folder named after the run, and so that the dry-run gate and the demo's summary
+read the Spark jobs' summaries the same way. Nothing here touches a broker.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from .engine.drain.sinks import safe_segment
 
-__all__ = ["FOLDERS", "default_output_root", "read_json", "replay_batches", "run_workspace", "summary_table"]
+__all__ = ["FOLDERS", "default_output_root", "read_json", "run_workspace", "summary_table"]
 
 #: The sub-folders of a run's workspace, in pipeline order.
 FOLDERS = ("drain", "triage", "report", "replay_set")
@@ -56,16 +56,6 @@ def read_json(path: str) -> Any:
         return json.loads(ObjectStoragePath(path).read_text())
     local = path[len("file://"):] if path.startswith("file://") else path
     return json.loads(Path(local).read_text(encoding="utf-8"))
-
-
-def replay_batches(replay_summary: Mapping[str, Any]) -> list[dict[str, str]]:
-    """One ``BabelQueueReplayOperator`` kwargs dict per target queue of a ``replay_set`` job's summary.
-
-    The replay set's reset removed ``dead_letter.original_queue``, so each folder is replayed with its queue
-    named explicitly (``target_queue_name``): the folder, not the envelope, says where it goes.
-    """
-    paths = replay_summary.get("paths") or {}
-    return [{"replay_set": str(paths[queue]), "target_queue_name": str(queue)} for queue in sorted(paths)]
 
 
 def summary_table(rows: Mapping[str, Any], headers: tuple[str, str] = ("reason", "count"), *,

@@ -2,9 +2,10 @@
 
 Trigger it from the UI (the params form) or ``airflow dags trigger babelqueue_dlq_replay -c '{...}'``. The
 source is either a DLQ (``source_conn_id`` + ``queue_name``: a redrive) or a replay set on disk or in object
-storage (``replay_set``, e.g. a triage run's ``replay_set/target_queue=orders`` folder; leave ``queue_name``
-blank then). ``dry_run`` is on by default: the first run only reports what would be replayed. The replay
-ledger (on the target's broker) makes a second run republish nothing already replayed.
+storage (``replay_set``, e.g. a triage run's ``replay_set`` folder, each dead letter going back to its own
+original queue; leave ``queue_name`` blank then). ``dry_run`` is on by default: the first run only reports what
+would be replayed. The replay ledger (on the target's broker) makes a second run republish nothing already
+replayed.
 """
 
 from __future__ import annotations

@@ -10,11 +10,11 @@ default):
 3. ``triage`` (spark-submit) deduplicates and partitions them by reason into Parquet and writes the HTML
    report from the same Spark application.
 4. ``replay_set`` (spark-submit) selects what the policy says is worth retrying (``replay_reasons`` and the
-   other ``replay_*`` params) and resets it, one folder per target queue.
-5. ``gate`` logs what would be republished. With ``dry_run`` (the default) it stops there: nothing is
-   republished until someone runs the DAG with ``{"dry_run": false}``.
-6. ``replay`` publishes each target queue's folder (one mapped task per queue). The replay ledger makes a re-run
-   publish nothing twice.
+   other ``replay_*`` params) and writes those dead letters' drain records, untouched, into one folder.
+5. ``gate`` logs the triage and what would be republished. With ``dry_run`` (the default) it stops there:
+   nothing is republished until someone runs the DAG with ``{"dry_run": false}``.
+6. ``replay`` replays that folder: it resets each dead letter and publishes it to its original queue. The replay
+   ledger makes a re-run publish nothing twice.
 
 Everything a run writes sits under ``<output_root>/babelqueue_dlq_triage_report/<run id>/``. Connection ids and
 queue names are params; nothing is looked up when the file is parsed.
@@ -55,6 +55,8 @@ PARAMS = {
     "replay_urns": Param([], type="array", description="only these URNs; empty = any"),
     "replay_min_age_seconds": Param(None, type=["null", "number"],
                                     description="only dead letters at least this old (let a fix deploy first)"),
+    "replay_max_attempts": Param(None, type=["null", "integer"],
+                                 description="only dead letters with at most this many attempts; null = any"),
     "target_conn_id": Param(None, type=["null", "string"],
                             description="publish replays on this connection; null = babelqueue_conn_id"),
     "max_messages_per_second": Param(None, type=["null", "number"], description="replay rate limit; null = none"),
@@ -133,40 +135,42 @@ with DAG(
         exception_types="{{ params.replay_exception_types }}",
         urns="{{ params.replay_urns }}",
         min_age_seconds="{{ params.replay_min_age_seconds }}",
+        max_attempts="{{ params.replay_max_attempts }}",
     )
     # --8<-- [end:operator_spark_replay_set]
 
     @task
-    def gate(triage_result: dict[str, Any], replay_result: dict[str, Any]) -> list[dict[str, str]]:
-        """Log the triage and the replay set; stop here on a dry run; else one replay per target queue."""
-        from airflow_provider_babelqueue.workspace import read_json, replay_batches, summary_table
+    def gate(triage_result: dict[str, Any], replay_result: dict[str, Any]) -> str:
+        """Log the triage and the replay set; stop here on a dry run or an empty set; else hand on the set."""
+        from airflow_provider_babelqueue.workspace import read_json, summary_table
 
         params = get_current_context()["params"]
         triaged = read_json(triage_result["summary"])
         selected = read_json(replay_result["summary"])
         log.info("triage: %d records, %d after dedup, report at %s\n%s", triaged["records"], triaged["rows"],
                  triage_result.get("report"), summary_table(triaged["by_reason"]))
-        log.info("replay set (policy %s): %d messages\n%s", selected["policy"], selected["lines"],
-                 summary_table(selected["targets"], ("target queue", "messages")))
-        batches = replay_batches(selected)
+        log.info("replay set %s (policy %s): %d messages, left out %s\n%s", selected["path"], selected["policy"],
+                 selected["lines"], selected["skipped"],
+                 summary_table(selected["targets"], ("original queue", "messages")))
         if params["dry_run"]:
             raise AirflowSkipException(
                 f"dry run: {selected['lines']} message(s) would be replayed to {sorted(selected['targets'])}; "
                 "nothing was republished. Trigger with {\"dry_run\": false} to replay this set."
             )
-        if not batches:
+        if not selected["lines"]:
             raise AirflowSkipException("the policy selected nothing to replay")
-        return batches
+        return str(selected["path"])
 
-    batches = gate(triage.output, replay_set.output)
+    checked = gate(triage.output, replay_set.output)
 
     # --8<-- [start:operator_replay_set]
-    replay = BabelQueueReplayOperator.partial(
+    replay = BabelQueueReplayOperator(
         task_id="replay",
+        replay_set=checked,  # the replay set's folder, once the gate let it through
         source_conn_id="{{ params.babelqueue_conn_id }}",
         target_conn_id="{{ params.target_conn_id or params.babelqueue_conn_id }}",
         max_messages_per_second="{{ params.max_messages_per_second }}",
-    ).expand_kwargs(batches)
+    )
     # --8<-- [end:operator_replay_set]
 
     wait_for_dead_letters >> drain >> triage

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_babelqueue.operators.replay import BabelQueueReplayOperator
-from airflow_provider_babelqueue.workspace import replay_batches, run_workspace, summary_table
+from airflow_provider_babelqueue.workspace import run_workspace, summary_table
 
 
 def test_run_workspace_makes_run_ids_path_safe(tmp_path: Path) -> None:
@@ -24,15 +24,6 @@ def test_run_workspace_defaults_and_urls(monkeypatch: pytest.MonkeyPatch, tmp_pa
     monkeypatch.chdir(tmp_path)
     assert run_workspace("relative", "d", "r")["root"] == f"{tmp_path}/relative/d/r"  # spark may run elsewhere
     assert run_workspace(f"file://{tmp_path}/x", "d", "r")["root"] == f"{tmp_path}/x/d/r"
-
-
-def test_replay_batches_one_per_target_queue_sorted() -> None:
-    summary = {"paths": {"payments": "/o/target_queue=payments", "orders": "/o/target_queue=orders"}}
-    assert replay_batches(summary) == [
-        {"replay_set": "/o/target_queue=orders", "target_queue_name": "orders"},
-        {"replay_set": "/o/target_queue=payments", "target_queue_name": "payments"},
-    ]
-    assert replay_batches({"paths": {}}) == [] and replay_batches({}) == []
 
 
 def test_summary_table_exact_text() -> None:

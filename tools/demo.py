@@ -128,9 +128,9 @@ def summarize(output_root: Path, *, log: Any = print) -> dict[str, Any]:
     env = " ".join(f"{name}={shlex.quote(os.environ[name])}" for name in ("AIRFLOW_HOME", "AIRFLOW__CORE__DAGS_FOLDER")
                    if os.environ.get(name))
     airflow = shlex.quote(str(Path(sys.executable).parent / "airflow"))
-    for queue, path in sorted(replay["paths"].items()):
-        conf = json.dumps({"replay_set": path, "queue_name": "", "target_queue_name": queue, "dry_run": False})
-        log(f"to replay them:\n  {env} {airflow} dags test babelqueue_dlq_replay -c {shlex.quote(conf)}")
+    # one folder for every queue: the replay sends each dead letter back to its own original queue
+    conf = json.dumps({"replay_set": replay["path"], "queue_name": "", "dry_run": False})
+    log(f"to replay them:\n  {env} {airflow} dags test babelqueue_dlq_replay -c {shlex.quote(conf)}")
     return {"triage": triage, "replay": replay, "run": str(run)}
 
 

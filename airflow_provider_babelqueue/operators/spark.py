@@ -32,8 +32,9 @@ _LISTS = ("reasons", "urns", "exception_types", "original_queues")
 def package_zip(folder: str | os.PathLike[str] | None = None) -> str:
     """Zip the installed ``airflow_provider_babelqueue`` package (for ``--py-files``) and return the zip's path.
 
-    Executors on a cluster need the package to import the jobs' helpers and the envelope functions (they also
-    need ``orjson`` installed: it is a compiled wheel and cannot travel in a zip).
+    The jobs' driver imports the package (the jobs' helpers and the pure core modules); no job runs Python code on
+    the executors. So the zip matters where the driver runs away from this machine (``deploy_mode="cluster"``);
+    ``orjson`` must be installed there, since it is a compiled wheel and cannot travel in a zip.
     """
     package = Path(__file__).resolve().parents[1]
     target = Path(folder or tempfile.mkdtemp(prefix="babelqueue-pyfiles-")) / "airflow_provider_babelqueue.zip"
@@ -57,8 +58,9 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
 
     * ``triage``: drain records (JSON Lines) → deduplicated Parquet partitioned by ``reason``;
     * ``report``: triage Parquet → ``summary.json`` + self-contained ``report.html``;
-    * ``replay_set``: triage Parquet + a policy → reset envelopes, one folder per target queue, for
-      ``BabelQueueReplayOperator(replay_set=...)``.
+    * ``replay_set``: triage Parquet + a policy → the selected dead letters' drain records, untouched, in one
+      folder: give it to ``BabelQueueReplayOperator(replay_set=...)``, which resets each message and publishes it
+      to its original queue (so the set needs no folder per queue and no ``target_queue_name``).
 
     Returns ``{"job", "input", "output", ...}`` (XCom): ``summary`` and ``report`` for ``report``, ``summary``
     for ``replay_set`` and ``triage``. Every other keyword argument is ``SparkSubmitOperator``'s (``conf``,
@@ -80,15 +82,18 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
     :param report_output: triage only: also write the report (``summary.json``, ``report.html``) into this
         folder from the same Spark application, saving the report job's start-up (templated).
     :param reasons: replay_set only: ``dead_letter.reason`` values to include (templated; list or comma text).
+        The policy parameters mean what the replay operator's filters of the same names mean (one rule set,
+        ``engine.replay.Selection``), so a policy can move between the two without changing what it picks.
     :param urns: replay_set only: URNs to include (templated).
     :param exception_types: replay_set only: exception types, full name or last segment (templated).
     :param original_queues: replay_set only: original queues to include (templated).
-    :param max_attempts: replay_set only: include dead letters with at most this many attempts (templated).
+    :param max_attempts: replay_set only: include dead letters with at most this many attempts (templated), e.g.
+        to leave the ones that failed many times for a person to look at.
     :param min_age_seconds: replay_set only: include dead letters that failed at least this long ago (templated).
     :param max_age_seconds: replay_set only: include dead letters that failed at most this long ago (templated).
     :param now_ms: replay_set only: "now" for the age filters, Unix ms (templated); default the job's start.
-    :param ship_package: zip the installed provider package and add it to ``py_files`` so cluster executors
-        can import it (not needed in local mode, where the driver and executors share this Python).
+    :param ship_package: zip the installed provider package and add it to ``py_files`` so a driver that runs on
+        the cluster can import it (not needed in local or client mode, where the driver is this Python).
     :param name: the Spark application name; default ``babelqueue-<job>``.
     :param class_archive: local masters only: a JVM class-data archive for the driver, built once per worker
         with ``python -m airflow_provider_babelqueue.spark.class_archive <path>``; it shortens the JVM's

@@ -2,8 +2,8 @@
 
 * ``triage.py``: drain records (JSON Lines) → deduplicated, classified Parquet partitioned by reason;
 * ``report.py``: triage Parquet → ``summary.json`` and a self-contained ``report.html``;
-* ``replay_set.py``: triage Parquet + a policy → reset envelopes (JSON Lines), one folder per target queue,
-  ready for ``BabelQueueReplayOperator(replay_set=...)``.
+* ``replay_set.py``: triage Parquet + a policy → the selected dead letters' drain records (JSON Lines), untouched,
+  in one folder, ready for ``BabelQueueReplayOperator(replay_set=...)``.
 
 :func:`job_path` gives the file to hand to ``spark-submit``; :func:`recommended_conf` the settings to submit it
 with. ``class_archive.py`` is an optional start-up aid for local masters that no job imports. Importing this

@@ -53,7 +53,12 @@ def test_demo_runs_the_triage_dag_and_reruns_from_scratch(tmp_path: Path) -> Non
 
     [run] = list((runs / demo.DAG_ID).iterdir())
     assert f"HTML report              {run / 'report' / 'report.html'}" in out
-    assert (run / "report" / "report.html").is_file() and (run / "replay_set" / "target_queue=orders").is_dir()
+    assert (run / "report" / "report.html").is_file()
+    # the replay set: one folder of drain records (no folder per queue), the 10 failures' stored bodies
+    replay_lines = [json.loads(line) for part in sorted((run / "replay_set").glob("part-*"))
+                    for line in part.read_bytes().splitlines()]
+    assert len(replay_lines) == 10 and {record["queue_name"] for record in replay_lines} == {"orders"}
+    assert not [path for path in (run / "replay_set").iterdir() if path.is_dir()]
     assert sorted(p.name for p in (run / "triage").glob("reason=*")) == sorted(
         f"reason={reason}" for reason in demo.expected_reasons())
     table = _table_lines(out)
@@ -62,8 +67,10 @@ def test_demo_runs_the_triage_dag_and_reruns_from_scratch(tmp_path: Path) -> Non
     readme = (ROOT / "README.md").read_text()
     assert "\n".join(table) in readme, "README's first section must show the demo's summary table"
 
-    # The printed replay command works as printed (its own environment included): the 10 failures go back.
+    # The printed replay command works as printed (its own environment included): the 10 failures go back to
+    # their original queue, with no target named.
     replay_command = out.split("to replay them:\n", 1)[1].splitlines()[0].strip()
+    assert f'"replay_set": "{run / "replay_set"}"' in replay_command and "target_queue_name" not in replay_command
     replayed = subprocess.run(replay_command, shell=True, env={**env, "AIRFLOW_HOME": "/nonexistent"},  # noqa: S602
                               capture_output=True, text=True, timeout=300, check=False)
     assert replayed.returncode == 0, replayed.stdout[-3000:] + replayed.stderr[-3000:]

@@ -156,17 +156,18 @@ def drained_bodies(records: list[dict[str, Any]]) -> list[bytes]:
     return [record_body(record) for record in records]
 
 
+def is_failed(body: bytes) -> bool:
+    """Whether a stored dead letter decodes and its reason is ``failed`` (the sample DAGs' default policy)."""
+    try:
+        envelope = bq.decode(body)
+    except Exception:  # noqa: BLE001 - poison
+        return False
+    return bool(envelope.get("dead_letter", {}).get("reason") == "failed")
+
+
 def expected_replays(stored: list[bytes]) -> list[bytes]:
     """The reset bytes of the stored dead letters whose reason is ``failed``, sorted."""
-    out = []
-    for body in stored:
-        try:
-            envelope = bq.decode(body)
-        except Exception:  # noqa: BLE001 - poison
-            continue
-        if envelope.get("dead_letter", {}).get("reason") == "failed":
-            out.append(bq.encode(bq.reset_for_replay(envelope)))
-    return sorted(out)
+    return sorted(bq.encode(bq.reset_for_replay(bq.decode(body))) for body in stored if is_failed(body))
 
 
 @pytest.mark.usefixtures("spark_class_archive")
@@ -192,13 +193,25 @@ def test_triage_report_dag_end_to_end(bag: Any, broker: dict[str, Any]) -> None:
     assert triage["duplicates_removed"] == 0
     report = Path(xcom(run, "triage")["report"])
     assert report.is_file() and b"<svg" in report.read_bytes()
-    replay_summary = json.loads(Path(xcom(run, "replay_set")["summary"]).read_text())
-    assert replay_summary["targets"] == {queue: 10} and replay_summary["policy"]["reasons"] == ["failed"]
+    replay_set = xcom(run, "replay_set")
+    replay_summary = json.loads(Path(replay_set["summary"]).read_text())
+    # the 5 others are left out: the 2 poison bodies always, unknown_urn and unsupported_schema_version by reason
+    assert {key: replay_summary[key] for key in ("path", "lines", "targets", "skipped")} == {
+        "path": replay_set["output"], "lines": 10, "targets": {queue: 10}, "skipped": {"poison": 2, "reasons": 3}}
+    assert replay_summary["policy"]["reasons"] == ["failed"] and replay_summary["policy"]["max_attempts"] is None
+    # the replay set holds the selected dead letters' drain records, bodies exactly as drained
+    records = [json.loads(line) for part in sorted(Path(replay_set["output"]).glob("part-*"))
+               for line in part.read_bytes().splitlines()]
+    assert sorted(drained_bodies(records)) == sorted(body for body in stored if is_failed(body))
+    assert {(record["queue_name"], record["v"]) for record in records} == {(queue, 1)}
 
+    # one replay task: each selected dead letter published once, reset, to its original queue
+    assert xcom(run, "replay") == {"replayed": 10, "skipped": {}, "duplicates_avoided": 0, "duplicates_kept": 0,
+                                   "dry_run": False, "targets": {queue: 10}}
     replayed = take_all(binding, queue)
-    assert sorted(replayed) == expected_replays(stored)
+    assert sorted(replayed) == expected_replays(stored) and len(replayed) == 10
     orders = sorted(bq.decode(body)["data"]["order_id"] for body in replayed)
-    assert orders == sorted(demo.failing_orders())
+    assert orders == sorted(demo.failing_orders())  # each failing order once
     assert all(bq.decode(body)["attempts"] == 0 and "dead_letter" not in bq.decode(body) for body in replayed)
 
 
@@ -213,8 +226,9 @@ def test_triage_report_dry_run_republishes_nothing(bag: Any, broker_sqlite: dict
     states = task_states(run)
     assert states["replay_set"] == "success" and states["gate"] == "skipped" and states["replay"] == "skipped"
     assert binding.depth(queue) == 0 and binding.dead_letter_depth(queue) == 0
-    replay_set = Path(xcom(run, "replay_set")["output"]) / f"target_queue={queue}"
+    replay_set = Path(xcom(run, "replay_set")["output"])
     assert sum(len(p.read_bytes().splitlines()) for p in replay_set.glob("part-*")) == 10
+    assert not [path for path in replay_set.iterdir() if path.is_dir()]  # one folder, every queue's records in it
 
 
 @pytest.mark.usefixtures("spark_class_archive")

@@ -20,7 +20,6 @@ from tests.spark.dead_letters import (
     SMTP,
     by_name,
     drained_at_of,
-    expected_reset,
     letters,
 )
 
@@ -175,34 +174,6 @@ def test_report_summary_is_exact(spark_run: SparkRun) -> None:
     assert combined == summary
     assert (spark_run.combined_report_dir / "report.html").read_text() == (
         spark_run.report_dir / "report.html").read_text()
-
-
-def read_replay_set(folder: Path) -> dict[str, list[bytes]]:
-    out: dict[str, list[bytes]] = {}
-    for sub in sorted(folder.glob("target_queue=*")):
-        lines = b"".join(p.read_bytes() for p in sorted(sub.glob("part-*"))).splitlines()
-        out[sub.name.split("=", 1)[1]] = lines
-    return out
-
-
-EXPECTED_TARGETS = {"emails": ["F7", "F8"], "orders": ["F1", "F2", "U1", "U2"], "orders-priority": ["F3"],
-                    "payments": ["F4", "F5", "F6"]}
-
-
-def test_replay_set_holds_exact_reset_envelopes_per_target_queue(spark_run: SparkRun) -> None:
-    named = by_name()
-    expected = {queue: sorted(expected_reset(named[n].body) for n in names)
-                for queue, names in EXPECTED_TARGETS.items()}
-    assert read_replay_set(spark_run.replay_dir) == expected
-    summary = spark_run.replay
-    assert summary["lines"] == 10 and summary["targets"] == {"emails": 2, "orders": 4, "orders-priority": 1,
-                                                               "payments": 3}
-    assert summary["skipped"] == {"unsupported_schema_version": 2}  # poison rows are never even considered
-    assert json.loads((spark_run.replay_dir / "_replay_summary.json").read_text()) == summary
-    # the reset keeps identity and unknown keys and drops dead_letter
-    f4 = json.loads(expected["payments"][0])
-    assert "dead_letter" not in f4 and f4["attempts"] == 0 and f4["tenant"] == "acme"
-    assert f4["meta"]["id"] == "11111111-0000-4000-8000-000000000004"
 
 
 def test_letters_are_the_documented_set() -> None:

@@ -1,4 +1,5 @@
-"""The replay set is directly consumable by BabelQueueReplayOperator, and the Spark operator runs under dag.test()."""
+"""The replay set holds the selected dead letters' drain records untouched; BabelQueueReplayOperator replays the
+whole folder, each message to its original queue; the Spark operator runs under dag.test()."""
 
 from __future__ import annotations
 
@@ -11,16 +12,30 @@ import pytest
 
 from airflow_provider_babelqueue.bindings.base import Binding
 from airflow_provider_babelqueue.bindings.memory import MemoryBinding
+from airflow_provider_babelqueue.core.records import record_body
 from airflow_provider_babelqueue.operators import replay as replay_module
 from airflow_provider_babelqueue.operators.replay import BabelQueueReplayOperator
 from airflow_provider_babelqueue.operators.spark import BabelQueueSparkTriageOperator
 from airflow_provider_babelqueue.spark import LOCAL_CONF
 from airflow_provider_babelqueue.spark.class_archive import CLASS_ARCHIVE_ENV
 from tests.spark.conftest import SPARK_CONF, VENV_BIN, SparkRun
-from tests.spark.dead_letters import CREATED, by_name, expected_reset
-from tests.spark.test_jobs import EXPECTED_TARGETS, read_replay_set
+from tests.spark.dead_letters import CREATED, by_name, drained_at_of, expected_reset, record
 
 pytestmark = pytest.mark.timeout(600)
+
+#: The session's replay set (no policy): every letter that is not poison, by original queue, in the order the
+#: job writes them (original queue, then meta.id). S1 and S2 (schema_version 2 and 3) are selected: only the
+#: replay operator, which resets and checks each envelope, leaves them out.
+REPLAY_SET = {"emails": ["F7", "F8"], "orders": ["F1", "F2", "U1", "U2"], "orders-priority": ["F3"],
+              "payments": ["F4", "F5", "F6", "S1", "S2"]}
+#: What the replay operator publishes from it, per queue.
+REPLAYED = {queue: [name for name in names if name[0] != "S"] for queue, names in REPLAY_SET.items()}
+
+
+def read_replay_set(folder: Path) -> list[bytes]:
+    """Every line of a replay set's part files, in file-name order (as the replay operator reads them)."""
+    assert not [path for path in folder.iterdir() if path.is_dir()], "one folder, no partitions"
+    return [line for part in sorted(folder.glob("part-*")) for line in part.read_bytes().splitlines()]
 
 
 class FakeHook:
@@ -42,27 +57,39 @@ def drain_queue(binding: MemoryBinding, queue_name: str) -> list[bytes]:
     return bodies
 
 
-def test_replay_operator_replays_each_target_folder_to_its_queue(spark_run: SparkRun,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_replay_set_holds_the_drain_records_untouched(spark_run: SparkRun) -> None:
+    named = by_name()
+    lines = read_replay_set(spark_run.replay_dir)
+    order = [name for queue in sorted(REPLAY_SET) for name in REPLAY_SET[queue]]
+    # each line is the earliest drained copy's record, byte for byte: same keys, same values, the body as stored
+    assert lines == [record(named[name], drained_at_of(name)).rstrip(b"\n") for name in order]
+    assert [record_body(json.loads(line)) for line in lines] == [named[name].body for name in order]
+    summary = spark_run.replay
+    assert summary == {
+        "job": "replay_set", "output": str(spark_run.replay_dir), "path": str(spark_run.replay_dir), "lines": 12,
+        "targets": {queue: len(names) for queue, names in REPLAY_SET.items()}, "skipped": {"poison": 3},
+        "policy": {**dict.fromkeys(("reasons", "urns", "exception_types", "original_queues", "max_attempts",
+                                    "min_age_seconds", "max_age_seconds")), "now_ms": summary["policy"]["now_ms"]},
+    }
+    assert json.loads((spark_run.replay_dir / "_replay_summary.json").read_text()) == summary
+
+
+def test_replay_operator_replays_the_folder_each_message_to_its_original_queue(
+        spark_run: SparkRun, monkeypatch: pytest.MonkeyPatch) -> None:
     binding = MemoryBinding()
     monkeypatch.setattr(replay_module, "get_hook", lambda conn_id: FakeHook(binding))
-    named, replay_set = by_name(), read_replay_set(spark_run.replay_dir)
-    for queue in sorted(EXPECTED_TARGETS):
-        folder = spark_run.replay["paths"][queue]
-        result = BabelQueueReplayOperator(task_id="replay", source_conn_id="bq", replay_set=folder,
-                                          target_queue_name=queue).execute(context={})
-        assert result["replayed"] == len(EXPECTED_TARGETS[queue]) and result["skipped"] == {}
-        assert result["targets"] == {queue: len(EXPECTED_TARGETS[queue])}
-        published = drain_queue(binding, queue)
-        # the operator publishes exactly the replay set's bytes, which are the reset of the original bodies
-        assert published == replay_set[queue]
-        assert sorted(published) == sorted(expected_reset(named[n].body) for n in EXPECTED_TARGETS[queue])
-    # a re-run of the whole set publishes nothing twice (the ledger knows every meta.id)
-    again = BabelQueueReplayOperator(task_id="again", source_conn_id="bq", replay_set=str(spark_run.replay_dir),
-                                     ledger_name="replay:all").execute(context={})
-    assert again["replayed"] == 10 and again["skipped"] == {}  # fresh ledger name: every line is usable
-    rerun = BabelQueueReplayOperator(task_id="rerun", source_conn_id="bq", replay_set=str(spark_run.replay_dir),
-                                     ledger_name="replay:all").execute(context={})
+    named = by_name()
+    result = BabelQueueReplayOperator(task_id="replay", source_conn_id="bq",
+                                      replay_set=str(spark_run.replay_dir)).execute(context={})
+    # reset once, here: S1 and S2 cannot be made valid and stay out; F3 goes to its dead_letter.original_queue
+    assert result == {"replayed": 10, "skipped": {"unsupported_schema_version": 2}, "duplicates_avoided": 0,
+                      "duplicates_kept": 0, "dry_run": False,
+                      "targets": {queue: len(names) for queue, names in REPLAYED.items()}}
+    for queue, names in REPLAYED.items():
+        assert drain_queue(binding, queue) == [expected_reset(named[name].body) for name in names]
+    # a re-run publishes nothing twice (each target queue's ledger knows every meta.id)
+    rerun = BabelQueueReplayOperator(task_id="rerun", source_conn_id="bq",
+                                     replay_set=str(spark_run.replay_dir)).execute(context={})
     assert rerun["replayed"] == 0 and rerun["duplicates_avoided"] == 10
 
 
@@ -168,8 +195,11 @@ def test_operator_runs_replay_set_under_dag_test(spark_run: SparkRun, monkeypatc
     # failed + GatewayTimeout/SmtpError + attempts <= 5 + failed 9.5 h..1 day before now: F1, F2, F3 only
     # (F7 failed 8.9 h before now; F8 has 10 attempts; F4-F6 are CardDeclined; U*, S* are other reasons)
     named = by_name()
-    assert read_replay_set(out) == {"orders": sorted(expected_reset(named[n].body) for n in ("F1", "F2")),
-                                    "orders-priority": [expected_reset(named["F3"].body)]}
+    assert [record_body(json.loads(line)) for line in read_replay_set(out)] == [
+        named[name].body for name in ("F1", "F2", "F3")]
     summary = json.loads((out / "_replay_summary.json").read_text())
-    assert summary["targets"] == {"orders": 2, "orders-priority": 1} and summary["skipped"] == {}
+    assert summary["targets"] == {"orders": 2, "orders-priority": 1} and summary["lines"] == 3
+    # what the policy left out, by the first filter each row fails (in the replay engine's order)
+    assert summary["skipped"] == {"exception_types": 3, "max_attempts": 1, "min_age_seconds": 1, "poison": 3,
+                                  "reasons": 4}
     assert summary["policy"]["now_ms"] == now and summary["policy"]["max_attempts"] == 5
