@@ -215,6 +215,50 @@ def test_triage_report_dag_end_to_end(bag: Any, broker: dict[str, Any]) -> None:
     assert all(bq.decode(body)["attempts"] == 0 and "dead_letter" not in bq.decode(body) for body in replayed)
 
 
+PEER_DEAD_LETTERS = ("node-redis-dead-letter", "python-redis-dead-letter-headers")
+
+
+@pytest.mark.usefixtures("spark_class_archive")
+@pytest.mark.slow
+@pytest.mark.interop
+@pytest.mark.parametrize("broker", ["redis"], indirect=True)
+def test_triage_report_dag_triages_what_peer_workers_dead_lettered(bag: Any, broker: dict[str, Any]) -> None:
+    """The official SDKs' workers dead-letter to ``<queue>.dlq`` (the Python SDK's entry of a framed message stays a
+    frame): with default settings the triage DAG drains, triages and replays them to the peers' own queues."""
+    import base64
+
+    from tests.conftest import ROOT
+
+    binding, queue = broker["binding"], broker["queue"]
+    captures = [json.loads((ROOT.parent / "shared" / "interop" / "peer-captures" / f"{name}.json").read_text())
+                for name in PEER_DEAD_LETTERS]
+    raws = [base64.b64decode(c["body_b64"]) for c in captures]
+    dlq = f"{binding.config.key_prefix}{queue}.dlq"
+    binding.client.rpush(dlq, *raws)  # where the peers' workers put them, under this test's key prefix
+    inner = [json.loads(json.loads(raw)["body"]) if b'"__bq_frame"' in raw else json.loads(raw) for raw in raws]
+    assert binding.dead_letter_depth(queue) == 2
+    run = run_dag(bag.get_dag("babelqueue_dlq_triage_report"), run_conf={
+        "babelqueue_conn_id": broker["conn_id"], "queue_name": queue, "output_root": broker["output_root"],
+        "dry_run": False, "spark_conf": {"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"}})
+    states = task_states(run)
+    assert states == dict.fromkeys(SAMPLE_DAGS["babelqueue_dlq_triage_report"], "success"), states
+
+    drained = read_jsonl(xcom(run, "drain")["path"])
+    assert sorted(drained_bodies(drained)) == sorted(raws)
+    assert {record["dead_letter_queue"] for record in drained} == {dlq}
+    triage = json.loads(Path(xcom(run, "triage")["summary"]).read_text())
+    assert triage["by_reason"] == {"failed": 2} and triage["rows"] == 2
+    targets = {envelope["dead_letter"]["original_queue"]: 1 for envelope in inner}
+    replay = xcom(run, "replay")
+    assert replay["replayed"] == 2 and replay["targets"] == targets and replay["skipped"] == {}, replay
+    for envelope in inner:
+        [body] = take_all(binding, envelope["dead_letter"]["original_queue"])
+        replayed = bq.decode(body)
+        assert replayed["meta"]["id"] == envelope["meta"]["id"] and replayed["attempts"] == 0
+        assert "dead_letter" not in replayed and "__bq_frame" not in replayed
+    assert binding.dead_letter_depth(queue) == 0
+
+
 @pytest.mark.usefixtures("spark_class_archive")
 @pytest.mark.slow
 def test_triage_report_dry_run_republishes_nothing(bag: Any, broker_sqlite: dict[str, Any]) -> None:
