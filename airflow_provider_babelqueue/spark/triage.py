@@ -1,8 +1,10 @@
 """Spark job: dead-letter triage. Drain records (JSON Lines) in, one deduplicated Parquet row per dead letter out.
 
 Run it with ``spark-submit triage.py --input <paths/globs/folders> --output <folder> [--source-broker NAME]``.
-See ``docs/spark.md`` for the output schema. Only native Spark expressions are used (no Python UDF), so the
-job scales with the cluster; the only project import is the pure envelope module (reason codes).
+See ``docs/spark.md`` for the output schema. What the official SDKs store besides bare envelopes is read as the
+core reads it: a header frame (``core.frames``) gives its inner envelope, and the Python SDK's poison wrapper
+(``core.peer``) is a poison row. Only native Spark expressions are used (no Python UDF), so the job scales with
+the cluster; the only project import is the pure envelope module (reason codes).
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ except ImportError as exc:  # pragma: no cover - a cluster without the package o
     raise SystemExit(f"cannot import airflow_provider_babelqueue ({exc}); pass the package zip with --py-files "
                      "(see docs/spark.md)") from exc
 
-__all__ = ["COLUMNS", "PLAIN_COLUMNS", "POISON_INVALID_JSON", "POISON_INVALID_UTF8", "RECORD_SCHEMA", "classify",
-           "deduplicate", "derive", "main", "parquet_options", "read_records", "triage", "with_error_pattern"]
+__all__ = ["COLUMNS", "PLAIN_COLUMNS", "POISON_INVALID_FRAME", "POISON_INVALID_JSON", "POISON_INVALID_UTF8",
+           "POISON_WRAPPED", "RECORD_SCHEMA", "classify", "deduplicate", "derive", "main", "parquet_options",
+           "read_records", "triage", "with_error_pattern"]
 
 #: The drain record (docs/drain-records.md), read with an explicit schema.
 RECORD_SCHEMA = T.StructType([
@@ -59,11 +62,24 @@ RECORD_SCHEMA = T.StructType([
 # that are not a JSON object land in _corrupt and become poison. The one-pass parse gives the same values as the
 # two-level one and costs much less (Spark re-serializes every non-string value it reads as text, with a new
 # JSON writer each time), and the second parse runs only for the few odd bodies.
+#
+# Two shapes the official SDKs store are not bare envelopes. The Python SDK's poison wrapper (core.peer: ``raw``,
+# ``raw_encoding`` and a ``dead_letter`` block) is read by both parses: ``raw`` and ``raw_encoding`` as variants,
+# which keep the JSON type of a value (``raw`` must be a JSON string). The header frame (core.frames:
+# ``__bq_frame``, ``headers`` and the envelope as a JSON string in ``body``) is opened before the parse, by a small
+# parse of its own keys (_FRAME_SCHEMA, variants again: a frame's ``body`` must be a string, not the object its
+# text would also be), and the parse then reads the inner envelope. That small parse runs only for a body whose
+# text holds the marker: a bare envelope pays for one substring search.
 _CORRUPT = "_corrupt"
+_FRAME = "__bq_frame"
+_FRAME_MARK = f'"{_FRAME}"'
 _NUMBERS = frozenset({"schema_version", "created_at", "failed_at", "attempts"})
 _META_FIELDS = ("id", "queue", "lang", "schema_version", "created_at")
 _DEAD_LETTER_FIELDS = ("reason", "error", "exception", "failed_at", "original_queue", "attempts", "lang")
 _TOP_FIELDS = ("job", "urn", "trace_id", "data", "attempts")
+_WRAPPER_FIELDS = ("raw", "raw_encoding")
+#: Keys an envelope has and a poison wrapper never has (as core.peer reads a wrapper).
+_ENVELOPE_KEYS = ("job", "urn", "meta", "data", "trace_id")
 
 
 def _fields(names: Sequence[str], typed: bool) -> list[T.StructField]:
@@ -71,22 +87,37 @@ def _fields(names: Sequence[str], typed: bool) -> list[T.StructField]:
     return [T.StructField(name, T.LongType() if typed and name in _NUMBERS else T.StringType()) for name in names]
 
 
+def _variants(names: Sequence[str]) -> list[T.StructField]:
+    """Variant fields: they keep a value's JSON type, which a string field turns into text."""
+    return [T.StructField(name, T.VariantType()) for name in names]
+
+
 _META_SCHEMA = T.StructType(_fields(_META_FIELDS, typed=False))
 _DEAD_LETTER_SCHEMA = T.StructType(_fields(_DEAD_LETTER_FIELDS, typed=False))
-_BODY_SCHEMA = T.StructType(_fields((*_TOP_FIELDS, "meta", "dead_letter", _CORRUPT), typed=False))
+_BODY_SCHEMA = T.StructType(_fields((*_TOP_FIELDS, "meta", "dead_letter"), typed=False) + _variants(_WRAPPER_FIELDS)
+                            + [T.StructField(_CORRUPT, T.StringType())])
 _NESTED_BODY_SCHEMA = T.StructType(
     _fields(_TOP_FIELDS, typed=True)
     + [T.StructField("meta", T.StructType(_fields(_META_FIELDS, typed=True))),
-       T.StructField("dead_letter", T.StructType(_fields(_DEAD_LETTER_FIELDS, typed=True))),
-       T.StructField(_CORRUPT, T.StringType())]
+       T.StructField("dead_letter", T.StructType(_fields(_DEAD_LETTER_FIELDS, typed=True)))]
+    + _variants(_WRAPPER_FIELDS) + [T.StructField(_CORRUPT, T.StringType())]
 )
-#: What :func:`_parse_body` gives, either way.
-_PARSED = T.StructType([T.StructField("poison", T.BooleanType())]
+# (``headers`` as text: a variant refuses an object with a repeated key, which core.frames takes, the last one
+# winning; an object's text starts with "{")
+_FRAME_SCHEMA = T.StructType(_variants((_FRAME,)) + [T.StructField("headers", T.StringType())] + _variants(("body",))
+                             + [T.StructField(_CORRUPT, T.StringType())])
+#: What :func:`_parse_body` gives, either way: ``poison`` (the text is no JSON object), ``framed`` (the text came
+#: out of a header frame), the envelope's fields, and a poison wrapper's two keys (:data:`_WRAPPER_SQL` reads them).
+_PARSED = T.StructType([T.StructField("poison", T.BooleanType()), T.StructField("framed", T.BooleanType())]
                        + [field for field in _NESTED_BODY_SCHEMA.fields if field.name != _CORRUPT])
 _JSON_OPTIONS = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT, "allowNonNumericNumbers": "false"}
 
 POISON_INVALID_UTF8 = "body is not valid UTF-8"
 POISON_INVALID_JSON = "body is not a JSON object"
+#: The error of a header frame that carries no envelope (core.frames calls such a frame poison too).
+POISON_INVALID_FRAME = "header frame does not hold an envelope"
+#: The error of a poison wrapper whose ``dead_letter`` block has none.
+POISON_WRAPPED = "dead-lettered as poison by its SDK"
 
 _UUID = r"(?i)\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"
 _HEX = r"(?i)\b0x[0-9a-f]+\b|\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{8,}\b"
@@ -145,31 +176,78 @@ def _bind(value: Column, body: Callable[[Column], Column]) -> Column:
     return F.transform(F.array(value), body)[0]
 
 
-def _parse_body(text: Column) -> Column:
-    """The body text parsed, as one struct: ``poison`` (not a JSON object, or no text), the top-level fields
-    as text, and ``meta`` and ``dead_letter`` as structs of text fields.
+def _string(value: Column) -> Column:
+    """A variant's text when it holds a JSON string, else null (a number or an object is not text here)."""
+    return F.when(F.schema_of_variant(value) == "STRING", F.variant_get(value, "$", "string"))
 
-    One expression does the whole parse (see _BODY_SCHEMA for its two ways): Spark evaluates ``from_json``
-    outside its generated code, in a projection that copies every column of the row, so one such
-    projection instead of one per step copies each body once instead of three times. ``_bind`` lets the
-    steps share a parse without a column for it, and the two-level parse runs only for the odd bodies.
-    """
+
+def _parse(text: Column, framed: Column) -> Column:
+    """The text parsed as a :data:`_PARSED` struct (see _BODY_SCHEMA for the two ways), ``framed`` in it."""
     def one_pass(n: Column) -> Column:
-        return F.struct(F.lit(False).alias("poison"), *[n[name].alias(name) for name in _TOP_FIELDS],
-                        n["meta"].alias("meta"), n["dead_letter"].alias("dead_letter"))
+        return F.struct(F.lit(False).alias("poison"), framed.alias("framed"),
+                        *[n[field.name].alias(field.name) for field in _PARSED.fields[2:]])
 
     def two_level(b: Column) -> Column:
         readable = b.isNotNull() & b[_CORRUPT].isNull()
-        as_text = F.struct((~readable).alias("poison"), *[b[name].alias(name) for name in _TOP_FIELDS],
+        as_text = F.struct((~readable).alias("poison"), framed.alias("framed"),
+                           *[b[name].alias(name) for name in _TOP_FIELDS],
                            F.when(readable, F.from_json(b["meta"], _META_SCHEMA, _JSON_OPTIONS)).alias("meta"),
-                           F.when(readable, F.from_json(b["dead_letter"], _DEAD_LETTER_SCHEMA, _JSON_OPTIONS))
-                           .alias("dead_letter"))
+                           # (a block that is not an object stays unknown: a poison wrapper needs an object)
+                           F.when(readable & b["dead_letter"].startswith("{"),
+                                  F.from_json(b["dead_letter"], _DEAD_LETTER_SCHEMA, _JSON_OPTIONS))
+                           .alias("dead_letter"), *[b[name].alias(name) for name in _WRAPPER_FIELDS])
         return as_text.try_cast(_PARSED)  # the numbers field by field, a failed one unknown
 
     # (the text is cheap to compute again: the body itself, or a base64 decode for the rare odd body)
     return _bind(F.from_json(text, _NESTED_BODY_SCHEMA, _JSON_OPTIONS), lambda n: F.when(
         n.isNotNull() & n[_CORRUPT].isNull(), one_pass(n)).otherwise(
         _bind(F.from_json(text, _BODY_SCHEMA, _JSON_OPTIONS), two_level)))
+
+
+def _parse_body(text: Column) -> Column:
+    """The body text parsed, as one struct (:data:`_PARSED`): ``poison`` (not a JSON object, or no text),
+    ``framed``, the top-level fields as text, and ``meta`` and ``dead_letter`` as structs of text fields. A header
+    frame gives its inner envelope's fields; one that core.frames would not open gives no text, so poison.
+
+    core.frames opens a frame with the number 1 as ``__bq_frame``, ``headers`` an object (or absent) and ``body`` a
+    JSON string, and reads a frame inside a frame as an envelope; so does this. Only a body whose text holds
+    ``"__bq_frame"`` is looked at (a key spelled with JSON escapes is not taken for the marker).
+
+    One expression does the whole parse: Spark evaluates ``from_json`` outside its generated code, in a
+    projection that copies every column of the row, so one such projection instead of one per step copies each
+    body once instead of three times. ``_bind`` lets the steps share a value without a column for it. The text to
+    parse is chosen before the parse, so the parse appears once in the plan (planning a larger expression costs
+    the driver measurably), and what is decided from the parsed fields alone (a poison wrapper) is left to the
+    SQL columns of :func:`classify`.
+    """
+    def opened(f: Column) -> Column:
+        # (a frame's body that is an object Spark cannot hold as a variant is null here; the other keys still read)
+        framed = f[_FRAME].isNotNull()
+        usable = ((F.schema_of_variant(f[_FRAME]) == "BIGINT") & (F.to_json(f[_FRAME]) == "1")
+                  & (f["headers"].isNull() | f["headers"].startswith("{")))
+        return _parse(F.when(~framed, text).when(usable, _string(f["body"])), framed)
+
+    # the frame's own keys are parsed only when the text holds the marker (null for every other body)
+    return _bind(F.when(text.contains(_FRAME_MARK), F.from_json(text, _FRAME_SCHEMA, _JSON_OPTIONS)), opened)
+
+
+def _variant_text_sql(field: str) -> str:
+    """SQL for a variant field's text when it holds a JSON string, else null."""
+    return f"CASE WHEN schema_of_variant({field}) = 'STRING' THEN variant_get({field}, '$', 'string') END"
+
+
+_RAW_SQL, _RAW_ENCODING_SQL = _variant_text_sql("_p.raw"), _variant_text_sql("_p.raw_encoding")
+#: SQL: the parsed body ``_p`` is the Python SDK's poison wrapper, by core.peer's rules: a string ``raw``, an object
+#: ``dead_letter``, ``raw_encoding`` absent, ``utf-8``, or ``base64`` with ``raw`` strict base64 (Spark's own
+#: decoder also takes text without its padding), and none of an envelope's keys. A bare envelope has no ``raw``,
+#: so the first test settles it. Never null (an encoding that is no string compares as unknown).
+_WRAPPER_SQL = (
+    f"coalesce(_p.raw IS NOT NULL AND {_RAW_SQL} IS NOT NULL AND _p.dead_letter IS NOT NULL AND "
+    + " AND ".join(f"_p.{key} IS NULL" for key in _ENVELOPE_KEYS)
+    + f" AND (_p.raw_encoding IS NULL OR is_variant_null(_p.raw_encoding) OR {_RAW_ENCODING_SQL} = 'utf-8' OR "
+    f"({_RAW_ENCODING_SQL} = 'base64' AND length({_RAW_SQL}) % 4 = 0 AND {_RAW_SQL} RLIKE '^[A-Za-z0-9+/]*={{0,2}}$')),"
+    " false)"
+)
 
 
 def read_records(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
@@ -225,11 +303,12 @@ def classify(records: DataFrame, source_broker: str | None = None) -> DataFrame:
     text = F.when(~base64_body, F.col("body")).when(utf8, decoded)
     df = records.select("*", utf8.alias("_utf8"), _parse_body(text).alias("_p"))
     # The columns in SQL text: one call to the JVM for all of them instead of one per column object.
+    poison = f"(_p.poison OR {_WRAPPER_SQL})"
     columns = {
         "meta_id": f"coalesce({_text_sql('_p.meta.id')}, {_text_sql('meta_id')})",
-        "reason": f"CASE WHEN _p.poison THEN '{Reason.POISON}' "
+        "reason": f"CASE WHEN {poison} THEN '{Reason.POISON}' "
                   f"ELSE coalesce({_text_sql('_p.dead_letter.reason')}, 'unannotated') END",
-        "poison": "_p.poison",
+        "poison": poison,
         "urn": f"coalesce({_text_sql('_p.job')}, {_text_sql('_p.urn')})",
         "original_queue": f"coalesce({_text_sql('_p.dead_letter.original_queue')}, {_text_sql('_p.meta.queue')}, "
                           "queue_name)",
@@ -241,9 +320,12 @@ def classify(records: DataFrame, source_broker: str | None = None) -> DataFrame:
         "trace_id": _text_sql("_p.trace_id"),
         "data": "_p.data",
         "attempts": "coalesce(_p.dead_letter.attempts, _p.attempts)",
-        "exception": f"CASE WHEN NOT _p.poison THEN {_text_sql('_p.dead_letter.exception')} END",
-        "error": f"CASE WHEN _p.poison THEN (CASE WHEN _utf8 THEN '{POISON_INVALID_JSON}' "
-                 f"ELSE '{POISON_INVALID_UTF8}' END) ELSE _p.dead_letter.error END",
+        # (a poison wrapper's row keeps its block: the SDK's exception, error, failed_at, attempts, lang)
+        "exception": _text_sql("_p.dead_letter.exception"),
+        "error": f"CASE WHEN {_WRAPPER_SQL} THEN coalesce(_p.dead_letter.error, '{POISON_WRAPPED}') "
+                 f"WHEN _p.poison THEN (CASE WHEN _p.framed THEN '{POISON_INVALID_FRAME}' "
+                 f"WHEN _utf8 THEN '{POISON_INVALID_JSON}' ELSE '{POISON_INVALID_UTF8}' END) "
+                 "ELSE _p.dead_letter.error END",
         "created_at": "_p.meta.created_at",
         "failed_at": "_p.dead_letter.failed_at",
         "source_broker": "broker",
@@ -290,8 +372,10 @@ def derive(df: DataFrame) -> DataFrame:
     """
     exception = F.col("exception")
     df = with_error_pattern(df, "error", "_masked")
-    # A poison row's error is this job's own fixed text: it is its pattern as it is.
-    pattern = F.when(F.col("poison"), F.col("error")).otherwise(F.col("_masked"))
+    # A poison row's error of this job's own is its pattern as it is; a peer's error text (a poison wrapper's) is
+    # masked like any other, so its variable parts (a character offset) do not split a group.
+    own = F.col("poison") & F.col("error").isin(POISON_INVALID_UTF8, POISON_INVALID_JSON, POISON_INVALID_FRAME)
+    pattern = F.when(own, F.col("error")).otherwise(F.col("_masked"))
     df = df.withColumns({"exception_type": short_exception(exception),
                          "age_ms": F.col("failed_at") - F.col("created_at"), "error_pattern": pattern})
     fingerprint = F.substring(F.sha2(F.concat_ws("\u0000", F.coalesce(exception, F.lit("")),
