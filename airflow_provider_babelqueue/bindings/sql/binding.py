@@ -176,21 +176,7 @@ def _build_tables(name: str) -> tuple[sa.Table, sa.Table]:
         sa.Index(f"{name}_queue_idx", "queue", "available_at", "id"),
         sqlite_autoincrement=True,  # never reuse ids: a stale receipt must not match a newer row
     )
-    failed = sa.Table(
-        f"{name}_failed", metadata,
-        sa.Column("id", row_id, primary_key=True, autoincrement=True),
-        sa.Column("queue", sa.String(255), nullable=False),
-        sa.Column("urn", sa.Text(), nullable=True),
-        sa.Column("attempts", sa.Integer(), nullable=False, default=0),
-        sa.Column("reason", sa.Text(), nullable=False),
-        sa.Column("error", sa.Text(), nullable=True),
-        sa.Column("exception", sa.Text(), nullable=True),
-        sa.Column("failed_at", sa.BigInteger(), nullable=False),
-        sa.Column("payload", sa.LargeBinary(), nullable=False),
-        sa.Column("reserved_at", sa.Double(), nullable=True),
-        sa.Index(f"{name}_failed_queue_idx", "queue", "id"),
-        sqlite_autoincrement=True,
-    )
+    failed = _dead_letter_table(f"{name}_failed", metadata)
     return ready, failed
 
 
