@@ -16,7 +16,9 @@ def publish(binding: Binding, queue_name: str, urn: str = "urn:babel:orders:crea
 
 def dead_letter(binding: Binding, queue_name: str, reason: str, urn: str = "urn:babel:orders:created") -> str:
     publish(binding, queue_name, urn)
-    message = binding.reserve(queue_name, timeout=1)
+    # reserve returns as soon as the message arrives; 5 s leaves room for the Service Bus double under load
+    message = binding.reserve(queue_name, timeout=5)
+    assert message is not None, f"the message published to {queue_name} was not delivered within 5 s"
     binding.dead_letter(message, reason)
     return message.meta_id
 
