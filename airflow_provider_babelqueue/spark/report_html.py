@@ -1,17 +1,23 @@
 """Render the triage summary (``summary.json``) as one self-contained HTML page.
 
 Pure Python, no pyspark: inline CSS and server-drawn inline SVG charts; no script, font, image or style is
-loaded from anywhere, so the page works offline and behind any proxy.
+loaded from anywhere, so the page works offline and behind any proxy. The summary is also embedded as JSON
+(``<script type="application/json" id="summary-data">``, written by :func:`script_json`).
+
+Every string in the summary can come from a dead letter (error text, queue name, URN, error pattern ...), so
+nothing from it reaches the page unescaped: text goes through :func:`_text`, the embedded JSON through
+:func:`script_json`.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import re
 from html import escape
 from typing import Any
 
-__all__ = ["render_report"]
+__all__ = ["render_report", "script_json"]
 
 _PALETTE = {"failed": "#d9534f", "unknown_urn": "#f0ad4e", "poison": "#6f42c1", "unsupported_schema_version": "#5bc0de"}
 _DEFAULT_COLOR = "#4a7bd0"
@@ -32,7 +38,45 @@ th{color:#5b6577;font-weight:600}td.n{text-align:right;font-variant-numeric:tabu
 code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace;background:#f1f3f8;padding:1px 4px;border-radius:3px;
 word-break:break-word}header code{background:#2e3b5c;color:#e6ebf5}
 svg text{font:11px system-ui,sans-serif;fill:#3d4758}.muted{color:#8a93a3}
+td{overflow-wrap:anywhere}code{unicode-bidi:isolate}
 """
+
+# In the JSON text these characters can only be inside strings, where a \uXXXX escape means the same.
+_SCRIPT_UNSAFE = re.compile("[<>&\u0000-\u001f\u007f-\u009f\u2028\u2029\ud800-\udfff]")
+# In the page's text: C0 controls but tab and newline, DEL, C1 controls, lone surrogates.
+_TEXT_UNSAFE = re.compile("[\u0000-\u0008\u000b-\u001f\u007f-\u009f\ud800-\udfff]")
+
+
+def script_json(value: Any) -> str:
+    """``value`` as JSON text that is safe as the content of an HTML ``<script>`` element.
+
+    Inside ``<script>`` the HTML tokenizer does not know JSON: ``</script`` ends the element, ``<!--`` enters the
+    "script data escaped" state and a ``<script`` after it the "double escaped" one, where ``</script>`` no
+    longer ends the element, which then swallows the rest of the page (escaping only ``</`` does not help). So
+    ``<``, ``>`` and ``&`` are written as ``\\u003c``, ``\\u003e``, ``\\u0026``; U+2028 and U+2029 (line
+    terminators in older JavaScript), every control character (U+0000–U+001F, U+007F–U+009F) and lone
+    surrogates (which cannot be encoded as UTF-8) as ``\\uXXXX`` too. In JSON text these characters can only
+    occur inside strings, where the escape means the same character, so ``JSON.parse`` and ``json.loads``
+    return exactly ``value``. The result is pure JSON (no HTML entities) and contains no raw control character.
+    """
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return _SCRIPT_UNSAFE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
+
+
+def _visible(char: str) -> str:
+    code = ord(char)
+    if code < 0x20:
+        return chr(0x2400 + code)  # the Control Pictures block: ␀ ␁ … ␟
+    if code == 0x7F:
+        return "\u2421"  # ␡
+    return "\ufffd"  # C1 controls and lone surrogates
+
+
+def _text(value: Any) -> str:
+    """``value`` as HTML text (also safe in a quoted attribute): HTML-escaped, and the characters that have no
+    place in a page (controls other than tab and newline, lone surrogates) shown as visible stand-ins (C0 as
+    their Control Pictures symbol, DEL as ␡, the rest as U+FFFD); ``summary.json`` keeps the exact text."""
+    return _TEXT_UNSAFE.sub(lambda match: _visible(match.group()), escape(str(value)))
 
 
 def _num(value: int | float) -> str:
@@ -58,9 +102,9 @@ def _hbar_chart(items: list[tuple[str, int]], chart_id: str, colors: dict[str, s
         y = index * row_h + 4
         width = max(2, round(bar_w * count / top))
         color = (colors or {}).get(label, _DEFAULT_COLOR)
-        parts.append(f'<text x="{label_w - 8}" y="{y + 15}" text-anchor="end">{escape(label[:32])}</text>'
+        parts.append(f'<text x="{label_w - 8}" y="{y + 15}" text-anchor="end">{_text(label[:32])}</text>'
                      f'<rect class="bar" x="{label_w}" y="{y}" width="{width}" height="{row_h - 8}" rx="3" '
-                     f'fill="{color}"><title>{escape(label)}: {count}</title></rect>'
+                     f'fill="{color}"><title>{_text(label)}: {_num(count)}</title></rect>'
                      f'<text x="{label_w + width + 6}" y="{y + 15}">{_num(count)}</text>')
     parts.append("</svg>")
     return "".join(parts)
@@ -85,19 +129,19 @@ def _time_chart(points: list[dict[str, Any]], chart_id: str) -> str:
         bar = min(max(step * 0.8, 1), 40)
         parts.append(f'<rect class="bar" x="{x + (step - bar) / 2:.1f}" y="{top_pad + plot_h - h:.1f}" '
                      f'width="{bar:.1f}" height="{h:.1f}" fill="#4a7bd0">'
-                     f'<title>{escape(point["hour"])}: {point["count"]}</title></rect>')
+                     f'<title>{_text(point["hour"])}: {_num(point["count"])}</title></rect>')
     labels = min(len(points), 6)
     for k in range(labels):
         index = round(k * (len(points) - 1) / max(labels - 1, 1))
         x = left + (index + 0.5) * step
         parts.append(f'<text x="{x:.1f}" y="{height - 10}" text-anchor="middle">'
-                     f'{escape(points[index]["hour"][5:16].replace("T", " "))}</text>')
+                     f'{_text(points[index]["hour"][5:16].replace("T", " "))}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
 
 def _table(headers: list[str], rows: list[list[str]], numeric: set[int]) -> str:
-    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    head = "".join(f"<th>{_text(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f'<td class="n">{cell}</td>' if i in numeric else f"<td>{cell}</td>"
                                     for i, cell in enumerate(row)) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
@@ -110,23 +154,23 @@ def render_report(summary: dict[str, Any]) -> str:
     cards = [("Dead letters", totals["dead_letters"], False), ("Poison", totals["poison"], totals["poison"] > 0),
              ("Duplicates removed", totals["duplicates_removed"], False), ("URNs", totals["urns"], False),
              ("Queues", totals["queues"], False), ("Error fingerprints", totals["fingerprints"], False)]
-    card_html = "".join(f'<div class="card{" alert" if alert else ""}"><span>{escape(label)}</span>'
+    card_html = "".join(f'<div class="card{" alert" if alert else ""}"><span>{_text(label)}</span>'
                         f"<b>{_num(value)}</b></div>" for label, value, alert in cards)
-    fingerprints = [[f"<code>{escape(f['fingerprint'])}</code>", _num(f["count"]), escape(f["exception_type"] or "—"),
-                     f"<code>{escape(f['error_pattern'] or '')}</code>", escape(f["example_error"] or ""),
-                     escape(", ".join(f["reasons"]))] for f in summary["top_fingerprints"]]
-    groups = [[escape(g["reason"]), escape(g["urn"] or "—"), escape(g["original_queue"] or "—"), _num(g["count"])]
+    fingerprints = [[f"<code>{_text(f['fingerprint'])}</code>", _num(f["count"]), _text(f["exception_type"] or "—"),
+                     f"<code>{_text(f['error_pattern'] or '')}</code>", _text(f["example_error"] or ""),
+                     _text(", ".join(f["reasons"]))] for f in summary["top_fingerprints"]]
+    groups = [[_text(g["reason"]), _text(g["urn"] or "—"), _text(g["original_queue"] or "—"), _num(g["count"])]
               for g in summary["by_reason_urn_queue"][:50]]
     ages = [(bucket["bucket"], bucket["count"]) for bucket in summary["age_buckets"]]
     langs = sorted(summary["by_lang"].items(), key=lambda item: (-item[1], item[0]))
     span = f"failed between {_iso(totals['first_failed_at'])} and {_iso(totals['last_failed_at'])}"
-    data = json.dumps(summary, separators=(",", ":")).replace("</", "<\\/")
+    data = script_json(summary)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">
 <title>BabelQueue dead-letter report</title><style>{_CSS}</style></head>
 <body><header><h1>BabelQueue dead-letter report</h1>
 <p>{_num(totals["dead_letters"])} distinct dead letters from {_num(totals["records"])} drain records; {span}.
-Input: <code>{escape(str(summary.get("input", "")))}</code></p></header>
+Input: <code>{_text(str(summary.get("input", "")))}</code></p></header>
 <main><div class="cards wide" style="grid-column:1/-1">{card_html}</div>
 <section><h2>Dead letters by reason</h2>{_hbar_chart(reasons, "chart-reasons", _PALETTE)}</section>
 <section><h2>Age when it failed (failed_at − created_at)</h2>{_hbar_chart(ages, "chart-ages")}</section>
