@@ -10,23 +10,25 @@ so a hook's :meth:`~BabelQueueHook.build_binding` keeps only what is particular 
 field means what, URLs, rules that join two fields).
 
 Secrets: Airflow masks a connection's password and extras with sensitive names (``aws_session_token``) in
-logs by itself. It cannot know about secrets inside other values: the password in a URL's userinfo
-(``sqlalchemy_url``, ``endpoint_url``, ``admin_url``, a host given as a URL) or the key inside an Azure
-connection string. :func:`connection_secrets` finds those; hooks register them with Airflow's masker when
-they build a binding, and ``test_connection`` (whose message goes to the UI unmasked) scrubs them out.
+logs by itself. It cannot know about secrets inside other values: the password in a URL's userinfo or a secret
+URL query parameter (``?password=``, ``?token=``, ``?sig=`` in ``sqlalchemy_url``, ``endpoint_url``,
+``admin_url``, a host given as a URL) or the key inside an Azure connection string. :func:`connection_secrets`
+finds those (the rule is :mod:`~airflow_provider_babelqueue.bindings.redaction`'s); hooks register them with
+Airflow's masker whenever they build a binding, and ``test_connection`` and ``describe`` (whose text goes to the
+UI unmasked) redact and scrub them out.
 """
 
 from __future__ import annotations
 
 import abc
-import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import quote, quote_plus
 
 from airflow.sdk import BaseHook, Connection
 
-from ..bindings.base import Binding, url_password
+from ..bindings.base import Binding
+from ..bindings.redaction import is_secret_name, redact, scrub, url_secrets
 from ..core.errors import ConnectionConfigError
 from .fields import ConnectionSpec, Extra
 
@@ -43,12 +45,6 @@ __all__ = [
     "scrub",
 ]
 
-#: Extra names whose values are secrets (the same words Airflow's masker treats as sensitive, and SAS).
-_SECRET_NAME = re.compile(r"(?i)passw(?:or)?d|secret|token|api_?key|private_key|credential|signature")
-#: ``Key=value;`` segments of a connection string that hold secrets (Azure SAS keys and signatures).
-_SECRET_SEGMENT = re.compile(
-    r"(?i)(?:^|;)\s*(SharedAccessKey|SharedAccessSignature|AccountKey|Password|Pwd)\s*=([^;]+)"
-)
 #: Shorter strings are not scrubbed from messages: a one-letter password would garble every message.
 _MIN_SCRUBBED = 4
 
@@ -142,12 +138,21 @@ def make_config(config_class: Callable[..., T], connection: Connection, options:
         raise ConnectionConfigError(f"connection {connection.conn_id!r}: {exc}") from None
 
 
+def _encoded_forms(secret: str) -> tuple[str, ...]:
+    """The percent-encoded spellings of ``secret`` that :func:`scrub` also replaces."""
+    return tuple(dict.fromkeys((quote(secret, safe=""), quote_plus(secret), quote(secret))))
+
+
 def connection_secrets(connection: Connection | None, extras: Mapping[str, Any] | None = None) -> list[str]:
     """Every string of a connection that must never be shown, longest first.
 
-    The password; allowlisted extras whose names say they are secret; the password in the userinfo of any URL
-    (in the host or an extra); the key and signature segments of a connection string (Azure Service Bus keeps
-    one in the password field, with a SAS key inside).
+    The password; allowlisted extras whose names say they are secret
+    (:func:`~airflow_provider_babelqueue.bindings.redaction.is_secret_name`); the userinfo password and the secret
+    query parameters of any URL (in the host, the password or an extra); the secret segments of a connection
+    string (Azure Service Bus keeps one in the password field, with a SAS key or signature inside). Values shorter
+    than 4 characters are left out (scrubbing them would garble every message; the structural redaction of URLs
+    still hides them), and so is a value that is only the percent-encoding of another (:func:`scrub` replaces
+    those forms anyway).
 
     :param extras: the allowlisted extras the hook read (never the raw ``extra``: unknown keys are ignored).
     """
@@ -157,33 +162,29 @@ def connection_secrets(connection: Connection | None, extras: Mapping[str, Any] 
     password = connection.password or ""
     if password:
         values.append(password)
-        values.extend(match.group(2).strip() for match in _SECRET_SEGMENT.finditer(password))
-        values.append(url_password(password) or "")
-    values.append(url_password(connection.host or "") or "")
+        values.extend(url_secrets(password))
+    values.extend(url_secrets(connection.host or ""))
     for name, value in (extras or {}).items():
         if isinstance(value, str):
-            if _SECRET_NAME.search(name):
+            if is_secret_name(name):
                 values.append(value)
-            values.append(url_password(value) or "")
-    return sorted({value for value in values if len(value) >= _MIN_SCRUBBED}, key=len, reverse=True)
-
-
-def scrub(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with each secret replaced by ``***``, also in its URL-encoded forms (``%40`` for ``@``)."""
-    for secret in secrets:
-        for form in dict.fromkeys((secret, quote(secret, safe=""), quote_plus(secret), quote(secret))):
-            text = text.replace(form, "***")
-    return text
+            values.extend(url_secrets(value))
+    found = {value for value in values if len(value) >= _MIN_SCRUBBED}
+    encodings = {form for value in found for form in _encoded_forms(value) if form != value}
+    return sorted(found - encodings, key=len, reverse=True)
 
 
 def _mask_in_logs(secrets: Iterable[str]) -> None:
-    """Register secrets with Airflow's log masker (task, triggerer and supervisor logs), where available."""
+    """Register secrets, and their percent-encoded forms, with Airflow's log masker (task, triggerer and
+    supervisor logs), where available. Airflow's masker replaces exact strings only: a driver that logs the URL
+    would print ``p%40ss`` for the registered ``p@ss``."""
     try:
         from airflow.sdk.log import mask_secret
     except ImportError:  # pragma: no cover - older task SDKs: Airflow still masks the password itself
         return
     for secret in secrets:
-        mask_secret(secret)
+        for form in dict.fromkeys((secret, *_encoded_forms(secret))):
+            mask_secret(form)
 
 
 class BabelQueueHook(BaseHook, abc.ABC):
@@ -222,8 +223,8 @@ class BabelQueueHook(BaseHook, abc.ABC):
         """Make the binding from the connection fields and the allowlisted extras (see :meth:`config_options`)."""
 
     def describe(self, connection: Connection) -> str:
-        """Where the connection points, without secrets (used in messages)."""
-        return f"{connection.host or 'localhost'}:{connection.port or ''}".rstrip(":")
+        """Where the connection points, without secrets (used in messages; a host given as a URL is redacted)."""
+        return f"{redact(connection.host or 'localhost')}:{connection.port or ''}".rstrip(":")
 
     # ------------------------------------------------------------------------------------- shared
 
@@ -266,13 +267,15 @@ class BabelQueueHook(BaseHook, abc.ABC):
         """Reach the broker once. Returns ``(False, what is wrong)`` instead of raising.
 
         The message is shown in the UI as it is (no log masking applies), so every secret of the connection is
-        scrubbed from it, success or failure.
+        scrubbed from it, success or failure; the secrets are registered with Airflow's masker first, as
+        :meth:`get_binding` does, since a driver may log while it connects.
         """
         connection: Connection | None = None
         extras: dict[str, Any] = {}
         try:
             connection = self.connection
             extras = self.extras(connection)
+            _mask_in_logs(connection_secrets(connection, extras))
             binding = self.build_binding(connection, extras)
             try:
                 binding.ping()

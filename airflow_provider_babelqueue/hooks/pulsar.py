@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 from airflow.sdk import Connection
 
 from ..bindings.base import Binding
+from ..bindings.redaction import redact_url
 from .base import BabelQueueHook, make_config, read_extras
 from .connection_specs import PULSAR
 
@@ -64,4 +65,4 @@ class BabelQueuePulsarHook(BabelQueueHook):
 
     def describe(self, connection: Connection) -> str:
         service_url, admin_url = self.urls(connection, self.extras(connection))
-        return f"{service_url} (admin {admin_url})"
+        return f"{redact_url(service_url)} (admin {redact_url(admin_url)})"

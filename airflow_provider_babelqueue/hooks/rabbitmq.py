@@ -7,6 +7,7 @@ from typing import Any
 from airflow.sdk import Connection
 
 from ..bindings.base import Binding
+from ..bindings.redaction import redact
 from .base import BabelQueueHook, make_config
 from .connection_specs import RABBITMQ
 
@@ -41,4 +42,4 @@ class BabelQueueRabbitMQHook(BabelQueueHook):
         return RabbitMQBinding(make_config(RabbitMQConfig, connection, options))
 
     def describe(self, connection: Connection) -> str:
-        return f"{connection.host or '127.0.0.1'}:{connection.port or 5672}"
+        return f"{redact(connection.host or '127.0.0.1')}:{connection.port or 5672}"

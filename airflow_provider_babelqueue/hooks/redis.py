@@ -7,6 +7,7 @@ from typing import Any
 from airflow.sdk import Connection
 
 from ..bindings.base import Binding
+from ..bindings.redaction import redact
 from .base import BabelQueueHook, make_config
 from .connection_specs import REDIS
 
@@ -38,4 +39,4 @@ class BabelQueueRedisHook(BabelQueueHook):
         return RedisBinding(make_config(RedisConfig, connection, options))
 
     def describe(self, connection: Connection) -> str:
-        return f"{connection.host or '127.0.0.1'}:{connection.port or 6379}"
+        return f"{redact(connection.host or '127.0.0.1')}:{connection.port or 6379}"

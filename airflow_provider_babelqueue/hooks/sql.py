@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
 from airflow.sdk import Connection
 
 from ..bindings.base import Binding
+from ..bindings.redaction import redact
 from .base import BabelQueueHook, ConnectionConfigError, make_config, read_extras
 from .connection_specs import SQL
 
@@ -70,11 +71,19 @@ class BabelQueueSqlHook(BabelQueueHook):
         return SqlBinding(make_config(SqlConfig, connection, options))
 
     def describe(self, connection: Connection) -> str:
+        """Where the database is: the URL without its userinfo (user and password) and with secret query
+        parameters (libpq's ``?password=``) redacted; host, port, database and the other parameters stay."""
         extras = read_extras(SQL.extras, self.extras(connection))
         if "sqlalchemy_url" in extras:
-            return str(extras["sqlalchemy_url"]).split("@")[-1]
+            from ..bindings.sql import SqlConfig
+
+            try:  # SQLAlchemy's parse first: it places a password holding '/' or '?' where urlsplit would not
+                parts = urlsplit(SqlConfig(url=str(extras["sqlalchemy_url"])).safe_url)
+            except ValueError:
+                return "(an unparsable sqlalchemy_url)"
+            return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
         if extras.get("dialect", "sqlite") == "sqlite":
             from . import default_sqlite_path
 
             return f"sqlite file {connection.host or default_sqlite_path()}"
-        return f"{connection.host}:{connection.port or 5432}/{connection.schema or 'postgres'}"
+        return f"{redact(connection.host or '')}:{connection.port or 5432}/{connection.schema or 'postgres'}"

@@ -7,6 +7,7 @@ from typing import Any
 from airflow.sdk import Connection
 
 from ..bindings.base import Binding
+from ..bindings.redaction import redact
 from .base import BabelQueueHook, ConnectionConfigError, make_config, read_extras
 from .connection_specs import SQS
 
@@ -43,5 +44,5 @@ class BabelQueueSqsHook(BabelQueueHook):
 
     def describe(self, connection: Connection) -> str:
         extras = self.extras(connection)
-        where = extras.get("endpoint_url") or "AWS"
+        where = redact(str(extras.get("endpoint_url") or "AWS"))
         return f"{where} (region {extras.get('region_name') or 'from the AWS config'})"

@@ -388,12 +388,12 @@ def test_a_password_in_a_url_is_scrubbed_from_test_connection_and_registered_wit
     monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({
         "conn_type": "babelqueue_sqs", "login": "AKIABQURL", "password": f"sqs-key-{secrets.token_hex(5)}",
         "extra": {"region_name": "us-east-1", "endpoint_url": endpoint}}))
+    assert userinfo in redact(f"error at {endpoint}")  # Airflow alone does not know this secret
     hook = get_hook(conn_id)
     ok, message = hook.test_connection()
     assert ok is False and "cannot reach the endpoint" in message and "http://bq:***@127.0.0.1" in message
     assert userinfo not in message
 
-    assert userinfo in redact(f"error at {endpoint}")  # Airflow alone does not know this secret
     try:
         with pytest.raises(Exception, match="cannot reach the endpoint") as caught:
             hook.get_binding().depth("orders")

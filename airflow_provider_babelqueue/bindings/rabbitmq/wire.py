@@ -169,9 +169,14 @@ class RabbitMQConfig:
         if parts.scheme not in ("amqp", "amqps"):
             raise ValueError(f"expected an amqp:// or amqps:// URL, got scheme {parts.scheme!r}")
         tls = parts.scheme == "amqps"
+        try:
+            port = parts.port
+        except ValueError:  # never echo the netloc: a password with an unencoded '/', '?' or '#' is cut into it
+            raise ValueError("the AMQP URL's host:port is malformed (percent-encode a password's special "
+                             "characters)") from None
         values: dict[str, Any] = {
             "host": parts.hostname or "127.0.0.1",
-            "port": parts.port or (5671 if tls else 5672),
+            "port": port or (5671 if tls else 5672),
             "ssl": tls,
         }
         if parts.username is not None:

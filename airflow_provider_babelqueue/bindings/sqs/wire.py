@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from ...core import envelope as bq
 from ..base import Binding
+from ..redaction import config_repr
 
 __all__ = [
     "ATTRIBUTE_NAME",
@@ -178,6 +179,9 @@ class SqsConfig:
     max_message_bytes: int = SERVICE_MAX_MESSAGE_BYTES
     include_in_flight_in_depth: bool = False
     create_queues: bool = True
+
+    #: ``endpoint_url`` may carry a password or a token (userinfo, query): the repr redacts it.
+    __repr__ = config_repr
 
     def __post_init__(self) -> None:
         sources = Binding.source_entries(self.dead_letter_sources)
