@@ -26,6 +26,7 @@ from airflow_provider_babelqueue.bindings.base import (
 )
 from airflow_provider_babelqueue.bindings.memory import MemoryBinding
 from airflow_provider_babelqueue.core.frames import FrameError, encode_frame, open_body
+from airflow_provider_babelqueue.core.peer import poison_wrapper
 from airflow_provider_babelqueue.core.records import RecordTemplate, drain_record
 from airflow_provider_babelqueue.engine.checks import dead_letter_status
 from airflow_provider_babelqueue.engine.consume import Backoff, Consumer
@@ -134,7 +135,9 @@ def test_the_consumer_quarantines_a_malformed_frame_with_its_bytes_kept(raw: byt
         reserve_timeout=0)
     assert handled == [] and dict(summary.dead_lettered) == {"poison": 1}
     [dead] = binding.browse_dead_letters("orders")
-    assert dead.body == raw and dead.envelope is None and dead.decode_error == error
+    wrapper = poison_wrapper(dead.body)  # the exact bytes, with the reason and error beside them
+    assert wrapper is not None and wrapper.raw == raw and wrapper.dead_letter["error"] == error
+    assert wrapper.reason == "poison" and wrapper.dead_letter["original_queue"] == "orders"
 
 
 # ------------------------------------------------------------------------------------ release and DLQ

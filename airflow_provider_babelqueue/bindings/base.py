@@ -10,8 +10,9 @@ Semantics every binding honours (the contract suite in ``tests/bindings`` checks
 * ``reserve`` is at-least-once: the message stays recoverable until ``ack``; a consumer that dies
   before acking does not lose it (it comes back after the binding's visibility timeout).
 * ``release`` sends the message back for a retry with ``attempts`` one higher.
-* ``dead_letter`` writes the annotated envelope to the dead-letter queue (an undecodable body goes
-  there byte for byte), then removes the original.
+* ``dead_letter`` writes the annotated envelope to the dead-letter queue, then removes the original. A body
+  that cannot be annotated keeps its exact bytes, with the reason and error beside them (a poison wrapper, or
+  the broker's own columns / fields): writing a dead letter never fails because of what the message holds.
 * ``depth`` / ``dead_letter_depth`` are cheap counts of messages ready for delivery.
 * ``reserve_dead_letter`` + ``ack`` drain the DLQ; ``browse_dead_letters`` reads it without removing
   anything where the broker allows it.
@@ -34,11 +35,14 @@ from ..core.errors import (
     BindingError,
     EnvelopeDecodeError,
     EnvelopeEncodeError,
+    InvalidEnvelopeError,
     MissingExtraError,
     NotSupportedError,
     PublishBatchError,
 )
 from ..core.frames import encode_frame, frame_headers, open_body
+from ..core.integers import INT64_MAX
+from ..core.peer import wrap_raw
 
 if TYPE_CHECKING:
     from ..core.idempotency import SeenStore
@@ -52,9 +56,11 @@ __all__ = [
     "PipelinedBatch",
     "PublishBatchError",
     "ReceivedMessage",
+    "annotated_body",
     "bumped_body",
     "check_sizes",
     "dead_letter_body",
+    "dead_letter_view",
     "frame_headers",
     "parse_body",
     "redact_url",
@@ -113,60 +119,54 @@ class ReceivedMessage:
         return bq.urn_of(self.envelope) if self.envelope is not None else ""
 
 
-def parse_body(body: bytes) -> tuple[dict[str, Any] | None, str | None, int]:
+def parse_body(body: bytes, max_bytes: int | None = None) -> tuple[dict[str, Any] | None, str | None, int]:
     """``(envelope, decode_error, body_attempts)`` for a raw body; attempts is 0 when unusable.
 
     A framed body (Node's Redis adapter, the Python SDK 1.24: ``{"__bq_frame":1,"headers":{…},"body":"…"}``)
     gives its inner envelope and that envelope's attempts; a malformed frame and a body holding an integer
     outside signed 64-bit are undecodable (poison), with the reason in ``decode_error``. The stored bytes are
     the caller's to keep: ``ReceivedMessage.body`` stays exactly what the broker holds (acks match on it).
+
+    :param max_bytes: a longer body is not decoded at all (undecodable, the sizes in ``decode_error``): decoding
+        costs several times a body's size in objects, and a consumer refuses such a body unread anyway
+        (:attr:`Binding.decode_limit`).
     """
+    if max_bytes is not None and len(body) > max_bytes:
+        return None, f"body is {len(body):,} bytes; not decoded (over the decode limit of {max_bytes:,})", 0
     try:
         env = open_body(body)[0]
     except EnvelopeDecodeError as exc:
         return None, str(exc), 0
     attempts = env.get("attempts")
+    if attempts is None and "raw" in env and isinstance(block := env.get("dead_letter"), dict):
+        attempts = block.get("attempts")  # a poison wrapper (core.peer): the count its consumer kept
     return env, None, attempts if attempts.__class__ is int and attempts >= 0 else 0
 
 
 def url_password(url: str | None) -> str | None:
-    """The password in a URL's userinfo, percent-decoded, or ``None`` (no URL, no password, unparsable)."""
-    from urllib.parse import unquote, urlsplit
+    """The password in a URL's userinfo, percent-decoded, or ``None`` (no URL, no password, unparsable).
 
-    if not url or "://" not in url or "@" not in url:
-        return None
-    try:
-        password = urlsplit(url.strip()).password
-    except ValueError:
-        return None
-    return unquote(password) if password else None
+    Kept for the code that imports it from here; the rule lives in :mod:`.redaction`."""
+    from . import redaction
+
+    return redaction.url_password(url)
 
 
 def redact_url(url: str) -> str:
-    """``url`` with the password in its userinfo replaced by ``***`` (``http://u:***@host``), for messages: an
-    endpoint URL may carry credentials that no log masker knows about."""
-    from urllib.parse import urlsplit, urlunsplit
+    """``url`` with its userinfo password and secret query parameters (``?password=``, ``?token=``, ``?sig=``…)
+    replaced by ``***``, for messages: an endpoint URL may carry credentials that no log masker knows about. A
+    connection string (``Key=Value;``) gets its secret segments hidden. See :func:`.redaction.redact`."""
+    from . import redaction
 
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "(an unparsable URL)"
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username or ''}:***@{parts.netloc.rpartition('@')[2]}"
-    return urlunsplit(parts._replace(netloc=netloc))
+    return redaction.redact(url)
 
 
 def scrub_url_password(text: str, url: str | None) -> str:
-    """``text`` with the password of ``url``'s userinfo (if any), as written and decoded, replaced by ``***``."""
-    from urllib.parse import quote
+    """``text`` with every secret of ``url`` (userinfo password, secret query parameters, a connection string's
+    keys), as written and decoded, replaced by ``***``. See :func:`.redaction.url_secrets`."""
+    from . import redaction
 
-    password = url_password(url)
-    if not password:
-        return text
-    for form in dict.fromkeys((password, quote(password, safe=""))):
-        text = text.replace(form, "***")
-    return text
+    return redaction.scrub(text, redaction.url_secrets(url))
 
 
 def check_sizes(bodies: Sequence[bytes], limit: int | None, where: str, why: str = "") -> None:
@@ -208,22 +208,21 @@ def bumped_body(message: ReceivedMessage) -> bytes:
         return message.body
 
 
-def dead_letter_body(
+def annotated_body(
     message: ReceivedMessage, reason: str, *, error: str | None = None, exception: str | None = None
-) -> bytes:
-    """The body to store in the DLQ: the envelope with its ``dead_letter`` block, and its top-level ``attempts``
-    equal to the block's: ``message.attempts``, which the consumer sets to the attempts used up (3 and 3 after
-    three failed runs with ``max_attempts=3``, as in spec/dead-letters.md and the Python SDK). A top-level
-    ``attempts`` that is not a non-negative integer is kept as it is: the evidence of an ``invalid_attempts``
-    quarantine.
+) -> bytes | None:
+    """The envelope with its ``dead_letter`` block, encoded; ``None`` when the body cannot be annotated (it is
+    not an envelope, it was refused by a consumer limit, or it cannot be re-encoded).
 
-    A framed message is stored as its bare annotated envelope, never as an annotated frame: every SDK's DLQ
-    reader (and replay) then sees an envelope. An undecodable body (poison) is stored byte for byte: there is no
-    envelope to annotate, and the raw bytes are the evidence triage needs. The same holds for a body that cannot
-    be re-encoded.
+    Its top-level ``attempts`` equals the block's: ``message.attempts``, which the consumer sets to the attempts
+    used up (3 and 3 after three failed runs with ``max_attempts=3``, as in spec/dead-letters.md and the Python
+    SDK). A top-level ``attempts`` that is not a non-negative integer is kept as it is: the evidence of an
+    ``invalid_attempts`` quarantine. A framed message gives its bare annotated envelope, never an annotated
+    frame: every SDK's DLQ reader (and replay) then sees an envelope. Lone surrogates in the texts become U+FFFD
+    (:func:`~...core.envelope.storable_text`), so no error text can make the annotation fail.
     """
     if message.envelope is None:
-        return message.body
+        return None
     try:
         env = open_body(message.body)[0]
         current = env.get("attempts")
@@ -234,12 +233,67 @@ def dead_letter_body(
             reason,
             original_queue=message.queue_name,
             attempts=message.attempts,
-            error=error,
-            exception=exception,
+            error=bq.storable_text(error),
+            exception=bq.storable_text(exception),
         )
         return bq.encode(annotated)
-    except (EnvelopeDecodeError, EnvelopeEncodeError):
-        return message.body
+    except (EnvelopeDecodeError, EnvelopeEncodeError, InvalidEnvelopeError):
+        return None
+
+
+def dead_letter_body(
+    message: ReceivedMessage, reason: str, *, error: str | None = None, exception: str | None = None
+) -> bytes:
+    """The body to store in a DLQ that holds only bodies: :func:`annotated_body`, or when the message cannot be
+    annotated, the poison wrapper of its exact bytes (:func:`~...core.peer.wrap_raw`, the Python SDK's form)
+    with the reason, the error and the queue it was quarantined from. Nothing depends on what such a body
+    claims about itself: readers take the reason and the route from the wrapper's block, and a replay never
+    republishes it. Bindings with columns or native fields for the reason (the SQL table, Service Bus's own
+    dead-letter queue) store the bytes bare instead and keep the reason there.
+    """
+    annotated = annotated_body(message, reason, error=error, exception=exception)
+    if annotated is not None:
+        return annotated
+    return wrap_raw(message.body, str(reason), original_queue=message.queue_name,
+                    attempts=min(max(message.attempts, 0), INT64_MAX), error=bq.storable_text(error),
+                    exception=bq.storable_text(exception))
+
+
+def dead_letter_view(
+    body: bytes,
+    envelope: Mapping[str, Any] | None,
+    reason: str,
+    *,
+    original_queue: str,
+    attempts: int,
+    error: str | None = None,
+    exception: str | None = None,
+    failed_at: int | None = None,
+) -> bytes:
+    """How a dead letter stored bare, with its reason kept beside it (the SQL table's columns, Service Bus's
+    DeadLetterReason), is handed to readers: in the form the other DLQs hold, so every reader (drains, replay,
+    sensors, Spark triage) finds the reason, the error and the queue it was quarantined from in the body.
+
+    A body that already has a ``dead_letter`` block is returned byte for byte; an envelope gets the block from
+    the stored fields; anything else (or an envelope that cannot be re-encoded) becomes the poison wrapper of its
+    exact bytes (:func:`~...core.peer.wrap_raw`). A replay skips both poison forms, so what a refused body claims
+    (its own ``meta.queue``) is never followed.
+
+    :param envelope: ``body`` decoded (``parse_body``), or ``None`` when it is not an envelope.
+    """
+    if envelope is not None and "dead_letter" in envelope:
+        return body
+    error, exception = bq.storable_text(error), bq.storable_text(exception)
+    attempts = min(max(attempts, 0), INT64_MAX)
+    if envelope is not None:
+        try:
+            env = open_body(body)[0]
+            return bq.encode(bq.annotate_dead_letter(env, reason, original_queue=original_queue, attempts=attempts,
+                                                     error=error, exception=exception, failed_at=failed_at))
+        except (EnvelopeDecodeError, EnvelopeEncodeError, InvalidEnvelopeError):
+            pass
+    return wrap_raw(body, reason, original_queue=original_queue, attempts=attempts, error=error, exception=exception,
+                    failed_at=failed_at)
 
 
 class PipelinedBatch(Protocol):
@@ -304,6 +358,9 @@ class Binding(abc.ABC):
 
     #: Short broker name used in records and logs ("memory", "sql", "redis", ...).
     name: str = ""
+    #: Bodies longer than this are delivered undecoded (see :func:`parse_body`); ``None``: no limit. A consumer
+    #: sets it to its ``max_body_bytes``, so a body it will refuse for its size costs no decoding.
+    decode_limit: int | None = None
     #: Whether ``publish(headers=...)`` reaches consumers; bindings that cannot carry headers ignore them.
     carries_headers: bool = False
     #: Whether :meth:`browse_dead_letters` works.

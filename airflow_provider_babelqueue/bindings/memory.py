@@ -115,9 +115,8 @@ class MemoryBinding(Binding):
                     return []
                 self._cond.wait(min(remaining, 0.05))
 
-    @staticmethod
-    def _message(stored: _Stored, queue_name: str, source: str | None, token: int | None) -> ReceivedMessage:
-        envelope, error, body_attempts = parse_body(stored.body)
+    def _message(self, stored: _Stored, queue_name: str, source: str | None, token: int | None) -> ReceivedMessage:
+        envelope, error, body_attempts = parse_body(stored.body, self.decode_limit)
         return ReceivedMessage(
             body=stored.body,
             queue_name=queue_name,

@@ -43,6 +43,7 @@ __all__ = [
     "Reason",
     "accepts",
     "annotate_dead_letter",
+    "storable_text",
     "check",
     "data_of",
     "decode",
@@ -442,6 +443,22 @@ def meta_id_of(envelope: Mapping[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------------- dead letter and replay
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def storable_text(text: str | None) -> str | None:
+    """``text`` with each lone surrogate (from ``surrogateescape``-decoded bytes, or ``chr(0xD800)`` in an
+    exception message) replaced by U+FFFD: JSON encoders and database drivers refuse them, and an error text
+    must never stop a dead letter from being written. Other characters, NUL included, are kept."""
+    if text is None or text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _LONE_SURROGATE.sub("\ufffd", text)
+    return text
 
 
 def annotate_dead_letter(

@@ -9,7 +9,13 @@ The Python SDK (1.24) cannot annotate a body that is not an envelope, so it dead
 reader that took it for an envelope would call it ``missing_urn`` and a replay would publish the wrapper itself.
 :func:`poison_wrapper` recognises it and gives back the original bytes and the SDK's ``dead_letter`` block; the
 replayer skips it as ``poison``, the sensors' samples report it as ``poison``, and the Spark triage can use it
-(``from airflow_provider_babelqueue.core.peer import poison_wrapper``). Pure module: standard library and orjson.
+(``from airflow_provider_babelqueue.core.peer import poison_wrapper``).
+
+This provider writes the same wrapper (:func:`wrap_raw`) for every dead letter it cannot annotate: a body that
+is not an envelope, one refused by a consumer limit (not decoded at all), one that cannot be re-encoded. The
+original bytes stay exact inside it, and its ``dead_letter`` block keeps the consumer's reason, error and the
+queue the message was quarantined from, so no reader falls back on what the body itself claims (its own
+``dead_letter.original_queue`` or ``meta.queue``). Pure module: standard library and orjson.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ from typing import Any
 
 import orjson
 
-__all__ = ["PoisonWrapper", "poison_wrapper"]
+from .envelope import DEAD_LETTER_KEYS, LANG, now_ms
+
+__all__ = ["PoisonWrapper", "poison_wrapper", "wrap_raw"]
 
 #: Keys an envelope has and a wrapper never has: their presence means the object is an envelope.
 _ENVELOPE_KEYS = ("job", "urn", "meta", "data", "trace_id")
@@ -84,3 +92,35 @@ def poison_wrapper(body: bytes | Mapping[str, Any]) -> PoisonWrapper | None:
         except (binascii.Error, ValueError):
             return None
     return None
+
+
+def wrap_raw(
+    raw: bytes,
+    reason: str,
+    *,
+    original_queue: str,
+    attempts: int,
+    error: str | None = None,
+    exception: str | None = None,
+    failed_at: int | None = None,
+) -> bytes:
+    """The poison wrapper of ``raw``: the form :func:`poison_wrapper` reads back, ``raw`` byte for byte.
+
+    ``raw`` is the ``raw`` string when it is UTF-8 (``raw_encoding`` omitted, as the Python SDK writes it),
+    else its base64 with ``raw_encoding`` ``base64``. The block has the keys and order of an annotated
+    envelope's ``dead_letter`` block. The texts must be encodable (see :func:`~.envelope.storable_text`).
+
+    :param reason: the consumer's reason (``poison``, or e.g. ``failed`` for an envelope that could not be
+        re-encoded after its handler failed): readers take it from here, never from inside ``raw``.
+    :param original_queue: the queue the message was quarantined from: the only route a replay may use.
+    """
+    try:
+        text: str | None = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    values = (reason, error, exception, now_ms() if failed_at is None else failed_at, original_queue, attempts, LANG)
+    block = dict(zip(DEAD_LETTER_KEYS, values, strict=True))
+    if text is not None:
+        return orjson.dumps({"raw": text, "dead_letter": block})
+    return orjson.dumps({"raw": base64.b64encode(raw).decode("ascii"), "raw_encoding": "base64",
+                         "dead_letter": block})

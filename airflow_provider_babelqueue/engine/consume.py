@@ -197,6 +197,9 @@ class Consumer:
         self.max_body_bytes = check_limit(max_body_bytes, "max_body_bytes")
         self.max_nesting_depth = check_limit(max_nesting_depth, "max_nesting_depth")
         self.binding = binding
+        # a body this consumer refuses for its size is delivered undecoded: refusing it then costs about its own
+        # size once more (the bytes), not the several times that decoding it into objects would
+        binding.decode_limit = self.max_body_bytes
         self.queue_name = queue_name
         self.handlers = dict(handlers)
         self.max_attempts = max_attempts
@@ -229,7 +232,20 @@ class Consumer:
         # attempts used up, the failing run included (the spec's 3 and 3 after three runs), saturating at the
         # contract's largest integer: a body claiming 2**63 - 1 attempts must still be stored
         counted = dataclasses.replace(message, attempts=min(message.attempts + failed_runs, _MAX_COUNT))
-        self.binding.dead_letter(counted, reason, error=error, exception=exception)
+        try:
+            self.binding.dead_letter(counted, reason, error=error, exception=exception)
+        except BindingError:
+            raise  # the broker itself failed: run() rides it out, the message stays reserved and comes back
+        except Exception as exc:  # noqa: BLE001 - what the message holds must never stop its dead-lettering
+            # the bindings store any body (bare bytes with the reason beside them when it cannot be annotated),
+            # so this is a defect somewhere between; store the exact bytes with the plainest texts rather than
+            # leave the message reserved at the head of the queue, where every run would meet it again
+            self.log.error("dead-lettering %s failed (%s: %s); storing its exact bytes instead",
+                           meta_id or message.meta_id or "<no meta.id>", type(exc).__name__, exc)
+            bare = dataclasses.replace(counted, envelope=None, decode_error=message.decode_error or str(reason))
+            plain = (error or "").encode("ascii", "backslashreplace").decode("ascii").replace("\x00", "\\x00")
+            self.binding.dead_letter(bare, reason, error=plain or None, exception=exception and
+                                     exception.encode("ascii", "backslashreplace").decode("ascii"))
         self.summary.dead_lettered[reason] += 1
         self.log.warning("dead-lettered %s (%s): %s", meta_id or message.meta_id or "<no meta.id>", reason, error)
         return f"dead_letter:{reason}"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_babelqueue.bindings.base import Binding
+from airflow_provider_babelqueue.bindings.base import Binding, ReceivedMessage
 
 POSTGRES_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
@@ -265,3 +265,13 @@ def admin(endpoint: str) -> Iterator[Any]:
     before = queue_urls(client)
     yield client
     delete_queues_except(client, before)
+
+
+def kept(item: ReceivedMessage | bytes) -> bytes:
+    """The exact bytes a dead letter keeps: a poison wrapper's ``raw`` (what a binding stores for a body it cannot
+    annotate, with the reason beside it), else the stored body itself."""
+    from airflow_provider_babelqueue.core.peer import poison_wrapper
+
+    body = item.body if isinstance(item, ReceivedMessage) else item
+    wrapper = poison_wrapper(body)
+    return body if wrapper is None else wrapper.raw

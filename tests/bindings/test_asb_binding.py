@@ -32,6 +32,7 @@ from airflow_provider_babelqueue.bindings.azure_service_bus import (
     service_delivery_count,
 )
 from airflow_provider_babelqueue.bindings.base import BindingError, NotSupportedError, PublishBatchError
+from airflow_provider_babelqueue.core.peer import poison_wrapper
 from airflow_provider_babelqueue.hooks import get_hook
 from airflow_provider_babelqueue.hooks.azure_service_bus import BabelQueueAzureServiceBusHook
 from airflow_provider_babelqueue.hooks.base import ConnectionConfigError
@@ -270,10 +271,20 @@ def test_plain_dead_letter_queue_is_read_counted_and_browsed_after_the_native_on
     binding.publish(POISON, q)
     binding.dead_letter(must(binding.reserve(q, timeout=2)), bq.Reason.POISON)
     assert binding.dead_letter_depth(q) == 2
-    assert [m.body for m in binding.browse_dead_letters(q)] == [POISON, written]
+
+    def shown(body: bytes) -> tuple[bytes, str, str] | bytes:
+        # a native dead letter that is no envelope is read as the poison wrapper of its exact bytes, with
+        # DeadLetterReason as its reason and the queue it was quarantined from
+        wrapper = poison_wrapper(body)
+        if wrapper is None:
+            return body
+        return wrapper.raw, wrapper.reason, wrapper.dead_letter["original_queue"]
+
+    poisoned = (POISON, "poison", q)
+    assert [shown(m.body) for m in binding.browse_dead_letters(q)] == [poisoned, written]
     got = binding.reserve_dead_letters(q, 10, timeout=2)
     got += binding.reserve_dead_letters(q, 10 - len(got), timeout=2) if len(got) < 2 else []
-    assert [m.body for m in got] == [POISON, written] and all(m.from_dead_letter for m in got)
+    assert [shown(m.body) for m in got] == [poisoned, written] and all(m.from_dead_letter for m in got)
     binding.ack_many(got)
     assert binding.dead_letter_depth(q) == 0 and binding.reserve_dead_letters(q, 10, timeout=0) == []
 
@@ -318,9 +329,15 @@ def test_description_codec_is_exact_and_bounded() -> None:
     for foreign in (None, "", "schema mismatch", '{"error": "x"}', wrong_type):
         assert parse_dead_letter_description(foreign) is None
     kept = bq.encode(bq.annotate_dead_letter(bq.decode(envelope_for("q")), "failed", original_queue="q", attempts=1))
-    for body in (kept, POISON):  # a block already there, or no envelope: byte for byte
-        assert native_dead_letter_body(body, queue_name="q", reason="x", description="y", delivery_count=3,
-                                       enqueued_ms=1) == body
+    # a block already there: byte for byte
+    assert native_dead_letter_body(kept, queue_name="q", reason="x", description="y", delivery_count=3,
+                                   enqueued_ms=1) == kept
+    # no envelope: the poison wrapper of the exact bytes, with DeadLetterReason and the description beside them
+    wrapped = poison_wrapper(native_dead_letter_body(POISON, queue_name="q", reason="x", description="y",
+                                                     delivery_count=3, enqueued_ms=1))
+    assert wrapped is not None and wrapped.raw == POISON
+    assert wrapped.dead_letter == {"reason": "x", "error": "y", "exception": None, "failed_at": 1,
+                                   "original_queue": "q", "attempts": 2, "lang": "python"}
     assert service_delivery_count(0) == 1 and service_delivery_count(None) is None
 
 

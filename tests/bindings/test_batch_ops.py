@@ -17,7 +17,7 @@ import pytest
 from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.bindings.base import Binding, NotSupportedError, ReceivedMessage
 from airflow_provider_babelqueue.core.idempotency import InMemorySeenStore, remember_many, seen_many
-from tests.bindings.conftest import Factory
+from tests.bindings.conftest import Factory, kept
 
 #: Bindings whose settle is gated on the reservation itself (a stale receipt matches nothing). SQS and RabbitMQ
 #: settle through the broker's own receipt / delivery-tag rules instead.
@@ -25,7 +25,8 @@ GATED = {"memory", "sql", "redis"}
 
 
 def poison(index: int) -> bytes:
-    """An undecodable body: dead-lettered byte for byte, so the DLQ's exact bytes are known up front."""
+    """An undecodable body: dead-lettered in a poison wrapper holding it byte for byte (:func:`kept` gives it back),
+    so the DLQ's exact bytes are known up front."""
     return b"\xff\xfe" + f"poison {index} \x00 ".encode() + bytes([0x80 + index % 64])
 
 
@@ -52,11 +53,11 @@ def test_reserve_dead_letters_takes_min_of_limit_and_available_in_fifo_order(bin
     bodies = [poison(i) for i in range(5)]
     dead_letter(binding, queue_name, bodies)
     first = reserve_until(binding, queue_name, 3)
-    assert [m.body for m in first] == bodies[:3]
-    assert all(m.from_dead_letter and m.queue_name == queue_name and m.envelope is None for m in first)
+    assert [kept(m) for m in first] == bodies[:3]
+    assert all(m.from_dead_letter and m.queue_name == queue_name and kept(m) != m.body for m in first)
     rest = binding.reserve_dead_letters(queue_name, 10, timeout=1)
     rest += reserve_until(binding, queue_name, 2 - len(rest), timeout=2) if len(rest) < 2 else []
-    assert [m.body for m in rest] == bodies[3:]  # only what is there: min(limit, available)
+    assert [kept(m) for m in rest] == bodies[3:]  # only what is there: min(limit, available)
     assert binding.reserve_dead_letters(queue_name, 10, timeout=0) == []
     started = time.monotonic()
     assert binding.reserve_dead_letters(queue_name, 0, timeout=5) == []  # nothing asked for: no wait either
@@ -70,11 +71,11 @@ def test_equal_bodies_are_separate_reservations(binding: Binding, queue_name: st
     same = poison(7)
     dead_letter(binding, queue_name, [same, same, poison(8)])
     batch = reserve_until(binding, queue_name, 3)
-    assert [m.body for m in batch] == [same, same, poison(8)]
+    assert [kept(m) for m in batch] == [same, same, poison(8)]
     binding.ack_many(batch[:1])  # one of the twins: the other stays reserved, then comes back on a release
     binding.release_many(batch[1:])
     back = reserve_until(binding, queue_name, 2)
-    assert sorted(m.body for m in back) == sorted([same, poison(8)])
+    assert sorted(kept(m) for m in back) == sorted([same, poison(8)])
     binding.ack_many(back)
     assert binding.reserve_dead_letters(queue_name, 10, timeout=0.2) == []
 
@@ -92,7 +93,7 @@ def test_envelopes_keep_their_bytes_and_decode(binding: Binding, queue_name: str
     assert all(m.body == bq.encode(m.envelope) for m in batch)  # the stored annotated bytes, not a re-encoding
     if binding.can_browse:
         binding.release_many(batch)
-        assert sorted(m.body for m in binding.browse_dead_letters(queue_name)) == sorted(m.body for m in batch)
+        assert sorted(kept(m) for m in binding.browse_dead_letters(queue_name)) == sorted(kept(m) for m in batch)
         batch = reserve_until(binding, queue_name, 4)
     binding.ack_many(batch)
     assert binding.reserve_dead_letters(queue_name, 10, timeout=0.2) == []
@@ -105,7 +106,7 @@ def test_ack_many_removes_exactly_those(binding: Binding, queue_name: str) -> No
     binding.ack_many([batch[0], batch[2], batch[5]])  # not a prefix: the general path on Redis
     binding.release_many([batch[1], batch[3], batch[4]])
     back = reserve_until(binding, queue_name, 3)
-    assert sorted(m.body for m in back) == sorted([bodies[1], bodies[3], bodies[4]])
+    assert sorted(kept(m) for m in back) == sorted([bodies[1], bodies[3], bodies[4]])
     assert binding.reserve_dead_letters(queue_name, 10, timeout=0.2) == []
     binding.ack_many(back)
     binding.ack_many([])
@@ -118,7 +119,7 @@ def test_reserve_dead_letters_waits_for_the_first_one_only(binding: Binding, que
     assert time.monotonic() - started >= 0.25
     threading.Timer(0.3, dead_letter, args=(binding, queue_name, [poison(1)])).start()
     got = binding.reserve_dead_letters(queue_name, 5, timeout=10)
-    assert [m.body for m in got] == [poison(1)]
+    assert [kept(m) for m in got] == [poison(1)]
     binding.ack_many(got)
 
 
@@ -126,11 +127,11 @@ def test_an_unacked_batch_returns_after_the_visibility_timeout(make_binding: Fac
     binding = make_binding(visibility_timeout=1.0)
     bodies = [poison(i) for i in range(3)]
     dead_letter(binding, queue_name, bodies)
-    assert [m.body for m in reserve_until(binding, queue_name, 3)] == bodies  # a drain that dies here
+    assert [kept(m) for m in reserve_until(binding, queue_name, 3)] == bodies  # a drain that dies here
     assert binding.reserve_dead_letters(queue_name, 10, timeout=0) == []
     time.sleep(1.3)
     again = reserve_until(binding, queue_name, 3)
-    assert sorted(m.body for m in again) == sorted(bodies)
+    assert sorted(kept(m) for m in again) == sorted(bodies)
     binding.ack_many(again)
     assert binding.reserve_dead_letters(queue_name, 10, timeout=0.2) == []
 
@@ -144,12 +145,12 @@ def test_a_late_ack_many_after_reclamation_changes_nothing(make_binding: Factory
     stale = reserve_until(binding, queue_name, 3)
     time.sleep(1.3)
     current = reserve_until(binding, queue_name, 3)  # reclaimed: a new holder has them now
-    assert sorted(m.body for m in current) == sorted(bodies)
+    assert sorted(kept(m) for m in current) == sorted(bodies)
     binding.ack_many(stale)  # the first holder wakes up and acks: nothing may change
     binding.release_many(stale)
     binding.release_many(current)  # the real holder gives them back: all three are still there
     back = reserve_until(binding, queue_name, 3)
-    assert sorted(m.body for m in back) == sorted(bodies)
+    assert sorted(kept(m) for m in back) == sorted(bodies)
     binding.ack_many(back)
     assert binding.reserve_dead_letters(queue_name, 10, timeout=0.2) == []
 
@@ -243,10 +244,10 @@ def test_default_batch_methods_loop_over_the_single_message_ones() -> None:
     dead_letter(binding, "q", [poison(i) for i in range(3)])
     binding.calls.clear()
     batch = binding.reserve_dead_letters("q", 5)
-    assert [m.body for m in batch] == [poison(i) for i in range(3)]
+    assert [kept(m) for m in batch] == [poison(i) for i in range(3)]
     assert binding.calls == ["reserve_dead_letter"] * 4  # three messages, then None
     binding.calls.clear()
     binding.release_many(batch[2:])
     binding.ack_many(batch[:2])
     assert binding.calls == ["release", "ack", "ack"]
-    assert [m.body for m in binding.reserve_dead_letters("q", 1)] == [poison(2)]
+    assert [kept(m) for m in binding.reserve_dead_letters("q", 1)] == [poison(2)]

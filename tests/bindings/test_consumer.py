@@ -5,11 +5,13 @@ from __future__ import annotations
 import time
 import uuid
 
+import orjson
 import pytest
 
 from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.bindings.base import Binding
 from airflow_provider_babelqueue.engine.consume import Backoff, Consumer, UnknownUrnStrategy
+from tests.bindings.conftest import kept
 
 URN = "urn:babel:orders:created"
 NO_WAIT = Backoff("fixed", 0.0)
@@ -69,7 +71,8 @@ def test_poison_and_invalid_envelopes_are_quarantined_with_their_reason(binding:
     assert calls == []
     assert summary.dead_lettered == {"poison": 1, **{reason: 1 for reason in variants}}
     dead = drain(binding, queue_name)
-    assert dead[0] == {"raw": poison}
+    assert kept(orjson.dumps(dead[0])) == poison and dead[0]["dead_letter"]["reason"] == "poison"
+    assert dead[0]["dead_letter"]["original_queue"] == queue_name and dead[0]["dead_letter"]["attempts"] == 0
     assert [d["dead_letter"]["reason"] for d in dead[1:]] == list(variants)
     assert dead[1]["meta"]["schema_version"] == 2
     assert dead[1]["dead_letter"]["error"] == "the envelope failed validation: unsupported_schema_version"

@@ -15,6 +15,7 @@ from airflow_provider_babelqueue.bindings.base import (
     PublishBatchError,
     ReceivedMessage,
 )
+from airflow_provider_babelqueue.core.peer import poison_wrapper
 from tests.bindings.conftest import Factory
 
 POISON = b'\xff\xfe{"job": not json'
@@ -130,7 +131,10 @@ def test_undecodable_bodies_survive_byte_exact(binding: Binding, queue_name: str
     assert again.body == POISON
     binding.dead_letter(again, bq.Reason.POISON, error=again.decode_error)
     dead = binding.reserve_dead_letter(queue_name, timeout=2)
-    assert dead is not None and dead.body == POISON
+    # stored with the reason, the error and the quarantining queue beside the exact bytes (a poison wrapper)
+    wrapper = poison_wrapper(dead.body) if dead is not None else None
+    assert wrapper is not None and wrapper.raw == POISON and wrapper.reason == "poison"
+    assert wrapper.dead_letter["original_queue"] == queue_name and "not valid JSON" in wrapper.dead_letter["error"]
     binding.ack(dead)
 
 

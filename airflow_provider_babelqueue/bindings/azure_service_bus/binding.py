@@ -155,7 +155,10 @@ class AzureServiceBusBinding(Binding):
         try:
             yield
         except (self._sb.exceptions.ServiceBusError, core.AzureError, *also) as exc:
+            from ..redaction import scrub, url_secrets
+
             text = re.sub(r"(?i)(SharedAccessKey|SharedAccessSignature|sig)=[^;&\s]+", r"\1=***", str(exc))
+            text = scrub(text, url_secrets(self.config.connection_string))
             names = [kind.__name__ for kind in type(exc).__mro__]
             hint = next((_HINTS[n] for n in names if n in _HINTS), "Service Bus refused the request")
             raise BindingError(
@@ -239,7 +242,8 @@ class AzureServiceBusBinding(Binding):
                 now = dt.datetime.now(dt.UTC)
                 live = [m for m in got if m.locked_until_utc is None or m.locked_until_utc > now]
                 if live or time.monotonic() >= deadline:
-                    return [received_message(m, queue, dead, Receipt(key, m), source) for m in live]
+                    return [received_message(m, queue, dead, Receipt(key, m), source, self.decode_limit)
+                            for m in live]
         return []
 
     @contextmanager
@@ -456,7 +460,8 @@ class AzureServiceBusBinding(Binding):
                         got = receiver.peek_messages(max_message_count=limit - len(out), sequence_number=sequence)
                     if not got:
                         break
-                    out += [received_message(m, queue_name, True, None, source) for m in got]
+                    out += [received_message(m, queue_name, True, None, source, self.decode_limit)
+                            for m in got]
                     sequence = got[-1].sequence_number + 1
         return out
 

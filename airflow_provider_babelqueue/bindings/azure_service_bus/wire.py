@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ...core import envelope as bq
-from ...core.errors import EnvelopeError
-from ..base import Binding, BindingError, ReceivedMessage, parse_body
+from ..base import Binding, BindingError, ReceivedMessage, dead_letter_view, parse_body
 
 __all__ = [
     "DEAD_LETTER_SUBQUEUE",
@@ -149,10 +148,12 @@ def native_dead_letter_body(
     envelope without a block gets one from DeadLetterReason (``unknown`` when absent) and the description:
     ours (:func:`dead_letter_description`) restores the exact block; any other text becomes ``error``, with
     ``attempts`` reconciled from the DeliveryCount and ``failed_at`` = the enqueued time (the broker records no
-    dead-lettering time). A body that already has a block, or is not an envelope, is returned byte for byte.
+    dead-lettering time). A body that already has a block is returned byte for byte; one that is not an envelope
+    (or cannot be annotated) as the poison wrapper of its exact bytes with that reason and block
+    (:func:`~...core.peer.wrap_raw`), the form every reader takes the reason and the route from.
     """
     envelope, _, body_attempts = parse_body(body)
-    if envelope is None or "dead_letter" in envelope:
+    if envelope is not None and "dead_letter" in envelope:
         return body
     ours = parse_dead_letter_description(description)
     if ours is None:
@@ -162,13 +163,7 @@ def native_dead_letter_body(
             "failed_at": enqueued_ms if enqueued_ms.__class__ is int else bq.now_ms(),
             "attempts": reconcile_attempts(body_attempts, delivery_count),
         }
-    try:
-        annotated = bq.annotate_dead_letter(
-            bq.decode(body, exact=True), reason or "unknown", original_queue=queue_name, **ours
-        )
-        return bq.encode(annotated)
-    except EnvelopeError:
-        return body
+    return dead_letter_view(body, envelope, reason or "unknown", original_queue=queue_name, **ours)
 
 
 #: Written by Service Bus on dead letters; never forwarded onto a copy.
@@ -281,7 +276,7 @@ def outgoing_message(
 
 
 def received_message(message: Any, queue: str, dead: bool, receipt: Receipt | None,
-                     source: str | None = None) -> ReceivedMessage:
+                     source: str | None = None, decode_limit: int | None = None) -> ReceivedMessage:
     """A :class:`ReceivedMessage` from an SDK message: DeliveryCount 1-based, attempts reconciled, and for a
     dead-letter queue the body with its ``dead_letter`` block (:func:`native_dead_letter_body`).
 
@@ -297,7 +292,7 @@ def received_message(message: Any, queue: str, dead: bool, receipt: Receipt | No
             delivery_count=count,
             enqueued_ms=round(enqueued.timestamp() * 1000) if enqueued is not None else None,
         )
-    envelope, error, body_attempts = parse_body(body)
+    envelope, error, body_attempts = parse_body(body, decode_limit)
     return ReceivedMessage(
         body=body,
         queue_name=queue,

@@ -111,8 +111,17 @@ class PulsarBinding(Binding):
         with self._lock:
             if self._client is None:
                 options = self.config.client_options(self._pulsar, logging.getLogger(f"{__name__}.client"))
-                with self._guard("create a client for", self.config.service_url):
-                    self._client = self._factory(self.config.service_url, **options)
+                with self._guard("create a client for", "the service URL"):
+                    try:
+                        self._client = self._factory(self.config.service_url, **options)
+                    except ValueError as exc:  # the client's URL check quotes the URL, userinfo and query included
+                        from ..redaction import redact_url, scrub, url_secrets
+
+                        url = self.config.service_url
+                        raise BindingError(
+                            f"Pulsar {redact_url(url)}: the client refused the service URL: use pulsar://host:port or "
+                            f"pulsar+ssl://host:port, with no user or query ({scrub(str(exc), url_secrets(url))})"
+                        ) from None
             return self._client
 
     @contextmanager
@@ -121,10 +130,13 @@ class PulsarBinding(Binding):
         try:
             yield
         except self._pulsar.PulsarException as exc:
-            kind, text = type(exc).__name__, str(exc)
-            text = text.replace(self.config.token, "***") if self.config.token else text
+            from ..redaction import redact_url, scrub, url_secrets
+
+            cfg = self.config
+            secrets = [cfg.token or "", *url_secrets(cfg.service_url), *url_secrets(cfg.admin_url)]
+            kind, text = type(exc).__name__, scrub(str(exc), secrets)
             raise BindingError(
-                f"Pulsar {self.config.service_url}: {action} {target!r} failed: "
+                f"Pulsar {redact_url(cfg.service_url)}: {action} {target!r} failed: "
                 f"{CLIENT_HINTS.get(kind, 'the broker refused the operation')} ({kind}: {text})"
             ) from exc
 
@@ -262,9 +274,12 @@ class PulsarBinding(Binding):
             delivered = len(bodies) - len(failed)
             raise PublishBatchError(f"{error}; {delivered} of {len(bodies)} bodies were delivered", failed) from error
         if failed:
+            from ..redaction import redact_url
+
             reasons = sorted({str(results[i]) for i in failed})
             raise PublishBatchError(
-                f"Pulsar {self.config.service_url}: {len(failed)} of {len(bodies)} bodies for {topic!r} were not "
+                f"Pulsar {redact_url(self.config.service_url)}: {len(failed)} of {len(bodies)} bodies for {topic!r} "
+                "were not "
                 f"delivered ({', '.join(reasons)}); all others were",
                 failed,
             )
@@ -292,7 +307,7 @@ class PulsarBinding(Binding):
         key, token, lease = message_key(message.message_id()), next(self._tokens), self.config.visibility_timeout
         with self._lock:
             self._held[(topic, key)] = Hold(token, time.monotonic() + lease if lease else math.inf, consumer, message)
-        return received(message, queue_name, Receipt(topic, key, token), dead, topic)
+        return received(message, queue_name, Receipt(topic, key, token), dead, topic, self.decode_limit)
 
     def _next_lease(self) -> float | None:
         with self._lock:

@@ -20,6 +20,7 @@ from urllib.parse import quote, urlsplit
 
 from ...core import envelope as bq
 from ..base import Binding, BindingError, ReceivedMessage, parse_body, redact_url, scrub_url_password
+from ..redaction import config_repr
 
 __all__ = [
     "CLIENT_HINTS",
@@ -193,14 +194,15 @@ def ready_count(stats: Mapping[str, Any] | None, subscription: str) -> int:
     return max(waiting - int(sub.get("unackedMessages") or 0), 0)
 
 
-def received(message: Any, queue_name: str, receipt: Any, dead: bool, source: str | None = None) -> ReceivedMessage:
+def received(message: Any, queue_name: str, receipt: Any, dead: bool, source: str | None = None,
+             decode_limit: int | None = None) -> ReceivedMessage:
     """A received Pulsar message as a :class:`ReceivedMessage`: the payload as it is, attempts reconciled with
     the redelivery count (an undecodable body counts by its ``bq-attempts``), properties plus ``pulsar.*``
     mirrors of the message id and publish time as headers, and the native redelivery count.
 
     :param source: the dead-letter topic it was read from."""
     body, properties = bytes(message.data() or b""), dict(message.properties() or {})
-    envelope, error, body_attempts = parse_body(body)
+    envelope, error, body_attempts = parse_body(body, decode_limit)
     if envelope is None:  # no body to count in: the property is where a retry left the count
         body_attempts = property_attempts(properties)
     count = message.redelivery_count()
@@ -331,12 +333,15 @@ class PulsarConfig:
     operation_timeout_seconds: int = 30
     admin_timeout: float = 10.0
 
+    #: Either URL may carry a password or a token (userinfo, query): the repr redacts them.
+    __repr__ = config_repr
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "dead_letter_sources", Binding.source_entries(self.dead_letter_sources))
         service, admin = urlsplit(self.service_url), urlsplit(self.admin_url)
         for bad, problem in (
             (service.scheme not in ("pulsar", "pulsar+ssl") or not service.netloc,
-             f"service_url must be pulsar://host:port or pulsar+ssl://host:port, got {self.service_url!r}"),
+             f"service_url must be pulsar://host:port or pulsar+ssl://host:port, got {redact_url(self.service_url)!r}"),
             (admin.scheme not in ("http", "https") or not admin.netloc,
              f"admin_url must be http://host:port or https://host:port, got {redact_url(self.admin_url)!r}"),
             (not _NAME.fullmatch(self.tenant), "tenant may hold letters, digits and - = : . _ only"),

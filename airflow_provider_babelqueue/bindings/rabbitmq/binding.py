@@ -224,8 +224,9 @@ class RabbitMQBinding(Binding):
                     if isinstance(exc, errors.NackError)
                     else "the broker refused the operation"
                 )
-            text = str(exc) or repr(exc)
-            text = text.replace(c.password, "***") if c.password else text
+            from ..redaction import scrub
+
+            text = scrub(str(exc) or repr(exc), [c.password])
             raise BindingError(
                 f"{self._where()}: {action} on {queue!r} failed: {hint} ({type(exc).__name__}: {text})"
             ) from exc
@@ -417,9 +418,9 @@ class RabbitMQBinding(Binding):
             time.sleep(min(pause, remaining))  # outside the lock: other threads keep working
             pause = min(pause * 2, 0.2)
 
-    @staticmethod
-    def _received(method: Any, props: Any, body: bytes, queue: str, dead: bool, receipt: _Receipt) -> ReceivedMessage:
-        envelope, error, attempts = parse_body(body)
+    def _received(self, method: Any, props: Any, body: bytes, queue: str, dead: bool,
+                  receipt: _Receipt) -> ReceivedMessage:
+        envelope, error, attempts = parse_body(body, self.decode_limit)
         table = dict(props.headers or {})
         if (native := table.get("x-attempts")).__class__ is int and native > attempts:
             attempts = native  # the Laravel driver's authoritative count

@@ -145,7 +145,12 @@ class RedisConfig:
         parts = urlsplit(url)
         if parts.scheme not in ("redis", "rediss"):
             raise ValueError(f"expected a redis:// or rediss:// URL, got scheme {parts.scheme!r}")
-        values: dict[str, Any] = {"host": parts.hostname or "127.0.0.1", "port": parts.port or 6379,
+        try:
+            port = parts.port
+        except ValueError:  # never echo the netloc: a password with an unencoded '/', '?' or '#' is cut into it
+            raise ValueError("the Redis URL's host:port is malformed (percent-encode a password's special "
+                             "characters)") from None
+        values: dict[str, Any] = {"host": parts.hostname or "127.0.0.1", "port": port or 6379,
                                   "ssl": parts.scheme == "rediss"}
         if parts.username:
             values["username"] = unquote(parts.username)
@@ -285,9 +290,9 @@ class RedisBinding(Binding):
         try:
             yield
         except self._redis.exceptions.RedisError as exc:
-            errors, text = self._redis.exceptions, str(exc)
-            if self.config.password:
-                text = text.replace(self.config.password, "***")
+            from ..redaction import scrub
+
+            errors, text = self._redis.exceptions, scrub(str(exc), [self.config.password or ""])
             if isinstance(exc, errors.AuthenticationError) or "NOAUTH" in text or "WRONGPASS" in text:
                 hint = "authentication failed; check the username and password"
             elif isinstance(exc, errors.ConnectionError | errors.TimeoutError):
@@ -301,13 +306,12 @@ class RedisBinding(Binding):
             message = f"Redis {where}: {action} on {key!r} failed: {hint} ({type(exc).__name__}: {text})"
             raise BindingError(message) from exc
 
-    @staticmethod
-    def _parsed(raw: bytes, queue_name: str, dead: bool, receipt: _Receipt | None = None,
+    def _parsed(self, raw: bytes, queue_name: str, dead: bool, receipt: _Receipt | None = None,
                 source: str | None = None) -> ReceivedMessage:
         """A message of the stored value ``raw``: a header frame's envelope and headers are the message's (its
         body stays ``raw``, which the ack removes). ``source``: the DLQ a browse read it from (a reservation's
         is its processing list's)."""
-        envelope, error, attempts = parse_body(raw)
+        envelope, error, attempts = parse_body(raw, self.decode_limit)
         if dead and source is None and receipt is not None:
             source = _source_of(receipt)
         return ReceivedMessage(

@@ -20,6 +20,7 @@ the row was reclaimed matches nothing.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -35,18 +36,20 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from ...core import envelope as bq
+from ...core.integers import INT64_MAX
 from ..base import (
     Binding,
     BindingError,
     PublishBatchError,
     ReceivedMessage,
+    annotated_body,
     bumped_body,
     check_sizes,
-    dead_letter_body,
+    dead_letter_view,
     parse_body,
 )
 
-__all__ = ["SqlBinding", "SqlConfig", "sqlite_url"]
+__all__ = ["SqlBinding", "SqlConfig", "column_text", "sqlite_url"]
 
 if TYPE_CHECKING:
     from ...core.idempotency import SeenStore
@@ -57,6 +60,15 @@ _TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
 #: A dead-letter table's name: the ready table's rule plus room for ``_failed``.
 _FAILED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,46}")
 _BATCH_CHUNK = 500
+
+
+def column_text(text: str | None) -> str | None:
+    """A derived text column's value: NUL removed (PostgreSQL's ``text`` refuses it) and lone surrogates made
+    U+FFFD (no driver encodes them), so what a handler's error says can never stop a dead letter's INSERT."""
+    if text is None:
+        return None
+    text = bq.storable_text(text) or ""
+    return text.replace("\x00", "") if "\x00" in text else text
 
 
 def sqlite_url(path: str | os.PathLike[str]) -> str:
@@ -117,12 +129,19 @@ class SqlConfig:
         try:
             sa.make_url(self.url)
         except (sa.exc.ArgumentError, TypeError, ValueError) as exc:
-            raise ValueError(f"url is not a SQLAlchemy URL: {exc}") from exc
+            from ..redaction import redact_url, scrub, url_secrets
+
+            # SQLAlchemy's message quotes the whole URL: show it redacted, and scrub what parsing could not place
+            text = str(exc).replace(str(self.url), redact_url(str(self.url)))
+            raise ValueError(f"url is not a SQLAlchemy URL: {scrub(text, url_secrets(str(self.url)))}") from None
 
     @property
     def safe_url(self) -> str:
-        """The URL with its password masked, for messages and logs."""
-        return sa.make_url(self.url).render_as_string(hide_password=True)
+        """The URL with its password masked, for messages and logs: the userinfo password (SQLAlchemy's own
+        masking) and secret query parameters such as libpq's ``?password=`` (see :mod:`..redaction`)."""
+        from ..redaction import redact_url
+
+        return redact_url(sa.make_url(self.url).render_as_string(hide_password=True))
 
     def __repr__(self) -> str:
         return (
@@ -147,7 +166,9 @@ def _dead_letter_table(name: str, metadata: sa.MetaData) -> sa.Table:
         sa.Column("id", row_id, primary_key=True, autoincrement=True),
         sa.Column("queue", sa.String(255), nullable=False),
         sa.Column("urn", sa.Text(), nullable=True),
-        sa.Column("attempts", sa.Integer(), nullable=False, default=0),
+        # 64-bit: the contract's attempts go up to 2**63 - 1 (an older table's INTEGER column is clamped on
+        # write, see SqlBinding._attempts_column_max)
+        sa.Column("attempts", sa.BigInteger(), nullable=False, default=0),
         sa.Column("reason", sa.Text(), nullable=False),
         sa.Column("error", sa.Text(), nullable=True),
         sa.Column("exception", sa.Text(), nullable=True),
@@ -230,6 +251,7 @@ class SqlBinding(Binding):
         for name in names[1:]:
             self._dead_tables[name] = _dead_letter_table(name, extra)
         self._present: set[str] = {self._failed.name}  # extra tables seen to exist (they are not dropped)
+        self._attempts_max: int | None = None  # the written dead-letter table's attempts range, once looked up
         self._init_lock = threading.Lock()
         self._tables_ready = not config.create_tables
         self._serial: threading.Lock | None = None  # set for in-memory SQLite (one shared connection)
@@ -261,9 +283,14 @@ class SqlBinding(Binding):
         try:
             yield
         except sa.exc.SQLAlchemyError as exc:
+            from ..redaction import redact_url, scrub, url_secrets
+
+            engine = self._engine
+            urls = [self.config.url] + ([] if engine is None else [engine.url.render_as_string(hide_password=False)])
             detail = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0]
-            lowered, engine = detail.lower(), self._engine
-            db = engine.url.render_as_string(hide_password=True) if engine is not None else self.config.safe_url
+            detail = scrub(detail, [secret for url in urls for secret in url_secrets(url)])
+            lowered = detail.lower()
+            db = self.config.safe_url if engine is None else redact_url(engine.url.render_as_string(hide_password=True))
             where = f"table {self.config.table!r}" + (f", queue {queue_name!r}" if queue_name else "")
             if "no such table" in lowered or ("relation" in lowered and "does not exist" in lowered):
                 hint = "the queue tables are missing; create them or set create_tables=True"
@@ -314,13 +341,43 @@ class SqlBinding(Binding):
     def _message(self, row: Any, queue_name: str, dead: bool, receipt: _Receipt | None,
                  source: str | None = None) -> ReceivedMessage:
         body = bytes(row.payload)
-        envelope, error, body_attempts = parse_body(body)
+        envelope, error, body_attempts = parse_body(body, self.decode_limit)
+        if dead and (envelope is None or "dead_letter" not in envelope):
+            # stored bare, its reason in the columns: read in the form the other brokers' DLQs hold
+            body = dead_letter_view(body, envelope, row.reason or "unknown", original_queue=row.queue,
+                                    attempts=row.attempts or 0, error=row.error, exception=row.exception,
+                                    failed_at=row.failed_at)
+            envelope, error, body_attempts = parse_body(body)
         attempts = max(body_attempts, row.attempts or 0) if dead else body_attempts
         return ReceivedMessage(
             body=body, queue_name=queue_name, envelope=envelope, decode_error=error, attempts=attempts,
             delivery_count=None, headers={}, receipt=receipt, from_dead_letter=dead,
             dead_letter_source=(source or self._failed.name) if dead else None,
         )
+
+    def _attempts_column_max(self) -> int:
+        """The largest ``attempts`` the written dead-letter table holds: 2**63 - 1, or 2**31 - 1 for a table
+        created with a 32-bit column (looked up once; a warning says how to widen it)."""
+        if self._attempts_max is None:
+            maximum = INT64_MAX
+            with self._guard("look up the dead-letter table", None), self._read() as conn:
+                columns = {c["name"]: c["type"] for c in sa.inspect(conn).get_columns(self._failed.name)}
+            kind = columns.get("attempts")
+            if isinstance(kind, sa.Integer) and not isinstance(kind, sa.BigInteger) and conn.dialect.name != "sqlite":
+                maximum = 2**31 - 1
+                logging.getLogger(__name__).warning(
+                    "%s.attempts is a 32-bit INTEGER: dead letters claiming more than %d attempts keep their count "
+                    "in the payload only; widen it with: ALTER TABLE %s ALTER COLUMN attempts TYPE BIGINT",
+                    self._failed.name, maximum, self._failed.name)
+            self._attempts_max = maximum
+        return self._attempts_max
+
+    @staticmethod
+    def _columns(table: sa.Table, dead: bool) -> list[sa.ColumnElement[Any]]:
+        """What :meth:`_message` reads of a row: a dead letter's columns too, for one stored bare."""
+        names = ("payload", "attempts", "queue", "reason", "error", "exception", "failed_at") if dead else (
+            "payload", "attempts")
+        return [table.c[name] for name in names]
 
     def _readable(self) -> list[sa.Table]:
         """The dead-letter tables that exist now, in reading order: an extra table is looked up in the catalog
@@ -354,7 +411,7 @@ class SqlBinding(Binding):
                 if not dead:
                     where.append(table.c.available_at <= now)
                 query = (
-                    sa.select(table.c.id, table.c.payload, table.c.attempts, table.c.reserved_at)
+                    sa.select(*self._columns(table, dead), table.c.id, table.c.reserved_at)
                     .where(*where).order_by(*order).limit(limit - len(out)).with_for_update(skip_locked=True)
                 )
                 with self._guard(action, queue_name), self._write() as conn:
@@ -528,12 +585,19 @@ class SqlBinding(Binding):
     def dead_letter(
         self, message: ReceivedMessage, reason: str, *, error: str | None = None, exception: str | None = None
     ) -> None:
-        """Delete the reserved row and insert the annotated copy into ``<table>_failed``, atomically."""
+        """Delete the reserved row and insert the annotated copy into ``<table>_failed``, atomically.
+
+        A body that cannot be annotated is stored byte for byte, with the reason, error and exception in their
+        columns (and read back as a poison wrapper, see :meth:`_message`). The text columns are derived and
+        sanitised (:func:`column_text`: no NUL, which PostgreSQL's text refuses, no lone surrogate); the payload
+        is never altered. ``attempts`` is clamped to an older table's 32-bit column (the body keeps the count)."""
         receipt = self._receipt(message)
         source = self._dead_table(receipt) if message.from_dead_letter else self._ready
-        row = {"queue": message.queue_name, "urn": message.urn, "attempts": message.attempts,
-               "reason": str(reason), "error": error, "exception": exception, "failed_at": bq.now_ms(),
-               "payload": dead_letter_body(message, reason, error=error, exception=exception), "reserved_at": None}
+        annotated = annotated_body(message, reason, error=error, exception=exception)
+        row = {"queue": message.queue_name, "urn": column_text(message.urn),
+               "attempts": min(message.attempts, self._attempts_column_max()), "reason": column_text(str(reason)),
+               "error": column_text(error), "exception": column_text(exception), "failed_at": bq.now_ms(),
+               "payload": message.body if annotated is None else annotated, "reserved_at": None}
         with self._guard("dead-letter", message.queue_name), self._write() as conn:
             if conn.execute(sa.delete(source).where(self._held(source, receipt))).rowcount == 1:
                 conn.execute(sa.insert(self._failed), [row])
@@ -562,7 +626,7 @@ class SqlBinding(Binding):
         for t in self._readable():
             if len(out) >= limit:
                 break
-            query = sa.select(t.c.payload, t.c.attempts).where(t.c.queue == queue_name).order_by(t.c.id)
+            query = sa.select(*self._columns(t, True)).where(t.c.queue == queue_name).order_by(t.c.id)
             query = query.limit(max(limit - len(out), 0))
             with self._guard("browse dead letters", queue_name), self._read() as conn:
                 rows = conn.execute(query).all()

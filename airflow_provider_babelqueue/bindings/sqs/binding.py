@@ -172,10 +172,10 @@ class SqsBinding(Binding):
         try:
             yield
         except (self._errors.ClientError, self._errors.BotoCoreError) as exc:
-            text = str(exc)
-            for secret in (self.config.aws_secret_access_key, self.config.aws_session_token):
-                text = text.replace(secret, "***") if secret else text
-            text = scrub_url_password(text, self.config.endpoint_url)
+            from ..redaction import scrub
+
+            text = scrub(str(exc), [self.config.aws_secret_access_key or "", self.config.aws_session_token or ""])
+            text = scrub_url_password(text, self.config.endpoint_url)  # userinfo and secret query parameters
             names = [error_code(exc)] + [kind.__name__ for kind in type(exc).__mro__]
             hint = next((HINTS[n] for n in names if n in HINTS), "SQS refused the request")
             endpoint, region = self.config.endpoint_url, self.config.region_name
@@ -402,7 +402,7 @@ class SqsBinding(Binding):
                 body = base64.b64decode(body, validate=True)
             except binascii.Error:
                 logger.warning("SQS message on %r is marked base64 but is not; kept as it came", queue_name)
-        envelope, error, body_attempts = parse_body(body)
+        envelope, error, body_attempts = parse_body(body, self.decode_limit)
         count = (raw.get("Attributes") or {}).get("ApproximateReceiveCount")
         if source is not None and envelope is not None:
             _remember_dead_letter_id(bq.meta_id_of(envelope))

@@ -6,8 +6,10 @@ The operator (``operators/replay.py``) resolves connections and calls the feeds 
 What is replayed. The envelope a stored body carries, reset (``dead_letter`` removed, ``attempts`` 0) and
 published bare: a header frame's inner envelope too (the Python SDK dead-letters a framed message as a frame;
 older versions of this provider wrote frames annotated on the outside). Skipped with reason ``poison``: bodies
-that are not envelopes, malformed frames, bodies holding an integer outside signed 64-bit, and the Python SDK's
-poison wrappers (``{"raw": …, "dead_letter": …}``, ``core.peer``), whose original bytes are no envelope.
+that are not envelopes, malformed frames, bodies holding an integer outside signed 64-bit, poison wrappers
+(``{"raw": …, "dead_letter": …}``, ``core.peer``: what a consumer could not annotate, this provider's or the
+Python SDK's) and envelopes whose ``dead_letter.reason`` is ``poison``. Such a message's own claims (its
+``meta.queue``, a ``dead_letter`` block inside the raw bytes) are never followed.
 
 Ledger. Two persistent seen-sets on the ledger binding (``binding.seen_store``):
 
@@ -61,7 +63,7 @@ from ...core.frames import open_body
 from ...core.idempotency import SeenStore, remember_many, seen_many
 from ...core.peer import poison_wrapper
 from ..logs import Log
-from .selection import Selection, nonblank, original_queue_of
+from .selection import Selection, nonblank, original_queue_of, reason_of
 
 __all__ = ["BYPASS_HEADER", "Item", "ReplayResult", "Replayer", "copy_digest"]
 
@@ -291,7 +293,10 @@ class Replayer:
         except EnvelopeDecodeError:
             self._skip("poison", item, seq)
             return None
-        if poison_wrapper(envelope) is not None:  # the Python SDK's poison wrapper: never republished
+        if poison_wrapper(envelope) is not None or reason_of(envelope) == bq.Reason.POISON:
+            # a poison wrapper (the bytes of a body its consumer could not annotate, ours or the Python SDK's) and
+            # an envelope its consumer quarantined as poison (e.g. refused for its size, annotated later from
+            # Service Bus's own fields) are never republished: the consumer refused what they claim
             self._skip("poison", item, seq)
             return None
         reset = bq.reset_for_replay(envelope)
