@@ -1,5 +1,5 @@
 # The two commands: `make demo` and `make test`. Everything else is a helper they use.
-.PHONY: demo verdicts docs test bench bootstrap services lock lint typecheck spark-class-archive clean
+.PHONY: demo verdicts docs test bench bench-body-limit hostile-corpus bootstrap services lock lint typecheck spark-class-archive clean
 
 CONFORMANCE ?= ../shared/conformance
 
@@ -23,6 +23,15 @@ spark-class-archive: bootstrap
 
 bench: bootstrap
 	.venv/bin/python benchmarks/run.py
+
+# Peak memory of refusing one oversized body, per binding (docs/benchmarks.md); BODY_MB=100 by default.
+bench-body-limit: bootstrap
+	.venv/bin/python benchmarks/bench_body_limit.py --mb $${BODY_MB:-100}
+
+# The hostile-input corpus through consume, DLQ, drain, triage, report and redrive on SQLite, PostgreSQL, Redis and
+# RabbitMQ (tests/reliability/test_hostile_corpus.py); BIG_MB sizes the oversized body (20 by default, as in CI).
+hostile-corpus: bootstrap services
+	BQ_HOSTILE_BIG_MB=$${BIG_MB:-20} .venv/bin/python -m pytest -p no:cacheprovider tests/reliability/test_hostile_corpus.py
 
 bootstrap:
 	bash .ci/bootstrap.sh

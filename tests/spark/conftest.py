@@ -24,7 +24,8 @@ from tests.spark.dead_letters import write_drain_files
 VENV_BIN = str(Path(sys.executable).parent)
 # what the operator submits on a local connection (so the known answers hold under the recommended settings),
 # with fewer shuffle partitions for 19 records
-SPARK_CONF = recommended_conf("local[2]", {"spark.sql.shuffle.partitions": "4"})
+BASE_CONF = {"spark.sql.shuffle.partitions": "4"}
+SPARK_CONF = recommended_conf("local[2]", BASE_CONF)
 
 
 def spark_env() -> dict[str, str]:
@@ -39,12 +40,14 @@ def spark_submit_path() -> str | None:
     return shutil.which("spark-submit", path=spark_env()["PATH"])
 
 
-def submit(job: str, *args: str, log: list[str] | None = None) -> dict[str, Any]:
+def submit(job: str, *args: str, log: list[str] | None = None, conf: dict[str, str] | None = None) -> dict[str, Any]:
     """Run one job with the real spark-submit in local[2] (with the session's class archive, as the operator
-    would pass it); returns its JSON summary line, and appends its stderr (the task log's part) to ``log``."""
+    would pass it); returns its JSON summary line, and appends its stderr (the task log's part) to ``log``.
+    ``conf`` adds Spark settings (e.g. ``spark.driver.memory``) to the recommended ones."""
     command = [spark_submit_path() or "spark-submit", "--master", "local[2]"]
-    conf = with_archive(SPARK_CONF, os.environ.get(CLASS_ARCHIVE_ENV))
-    for key, value in conf.items():
+    settings = with_archive(recommended_conf("local[2]", {**BASE_CONF, **(conf or {})}),
+                            os.environ.get(CLASS_ARCHIVE_ENV))
+    for key, value in settings.items():
         command += ["--conf", f"{key}={value}"]
     done = subprocess.run([*command, job_path(job), *args], env=spark_env(), capture_output=True, text=True,
                           timeout=300, check=False)
