@@ -21,6 +21,8 @@ __all__ = [
     "get_spark",
     "print_summary",
     "join_url",
+    "log_warning",
+    "read_text",
     "short_exception",
     "split_names",
     "stop_spark",
@@ -103,6 +105,27 @@ def write_text(spark: SparkSession, url: str, text: str) -> None:
         stream.write(bytearray(text.encode("utf-8")))
     finally:
         stream.close()
+
+
+def read_text(spark: SparkSession, url: str) -> str | None:
+    """Read one small UTF-8 file through the Hadoop FileSystem API; ``None`` when it does not exist. Runs on the
+    driver; used for a triage folder's ``_triage_summary.json`` only."""
+    jvm = _jvm(spark)
+    path = jvm.org.apache.hadoop.fs.Path(url)
+    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.exists(path) or not fs.getFileStatus(path).isFile():
+        return None
+    stream = fs.open(path)
+    try:
+        return bytes(jvm.org.apache.commons.io.IOUtils.toByteArray(stream)).decode("utf-8")
+    finally:
+        stream.close()
+
+
+def log_warning(spark: SparkSession, name: str, message: str) -> None:
+    """Log a warning through the driver's log4j, where Spark's own warnings go (spark-submit's stderr, the task
+    log): a job's Python ``stderr`` would land on spark-submit's stdout, beside the summary line."""
+    _jvm(spark).org.apache.logging.log4j.LogManager.getLogger(name).warn(message)
 
 
 def join_url(base: str, name: str) -> str:

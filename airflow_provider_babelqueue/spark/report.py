@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -23,6 +23,7 @@ try:
         get_spark,
         join_url,
         print_summary,
+        read_text,
         stop_spark,
         write_text,
     )
@@ -31,7 +32,7 @@ except ImportError as exc:  # pragma: no cover - a cluster without the package o
     raise SystemExit(f"cannot import airflow_provider_babelqueue ({exc}); pass the package zip with --py-files "
                      "(see docs/spark.md)") from exc
 
-__all__ = ["AGE_BUCKETS", "main", "summarize", "write_report"]
+__all__ = ["AGE_BUCKETS", "UNREADABLE_CAUSES", "main", "summarize", "triage_unreadable", "write_report"]
 
 HOUR_MS = 3_600_000
 #: Age buckets (``age_ms`` = failed_at − created_at): label and upper bound in ms (exclusive).
@@ -65,7 +66,11 @@ def _top(groups: DataFrame, n: int, ties: Sequence[str]) -> Column:
     return F.min_by(F.struct(*groups.columns), F.struct(-F.col("count"), *ties), n)
 
 
-def summarize(rows: DataFrame, input_path: str = "") -> dict[str, Any]:
+#: Why an input line was not triaged (triage.UNREADABLE_CAUSES; the report does not import the triage job).
+UNREADABLE_CAUSES = ("torn", "too_large", "unknown_version")
+
+
+def summarize(rows: DataFrame, input_path: str = "", unreadable: Mapping[str, int] | None = None) -> dict[str, Any]:
     """The report's numbers, from triage rows (see docs/spark.md for the layout of ``summary.json``).
 
     Three Spark queries, run at once, each reading only the columns it needs straight from the input (Parquet
@@ -83,6 +88,9 @@ def summarize(rows: DataFrame, input_path: str = "") -> dict[str, Any]:
 
     :param rows: triage rows (the Parquet ``triage.py`` writes, or the DataFrame it wrote).
     :param input_path: what to name as the input in the summary.
+    :param unreadable: the input lines triage could not read, per cause (its summary's ``unreadable_by_cause``):
+        ``totals.records`` counts them with the triaged records, ``totals.unreadable`` and ``unreadable_by_cause``
+        name them. None: zero.
     """
     keys = ("reason", "lang", "h", "bucket")
     hour = F.floor(F.col("failed_at") / HOUR_MS) * HOUR_MS
@@ -138,29 +146,47 @@ def summarize(rows: DataFrame, input_path: str = "") -> dict[str, Any]:
 
     overall = by_set["all"][0] if by_set["all"] else None  # no group at all when there are no rows
     dead_letters = overall["count"] if overall else 0
+    lost = {cause: int((unreadable or {}).get(cause) or 0) for cause in UNREADABLE_CAUSES}
+    records_read = int(overall["records"] or 0) if overall else 0
     totals = {
-        "dead_letters": dead_letters, "records": int(overall["records"] or 0) if overall else 0,
+        "dead_letters": dead_letters, "records": records_read + sum(lost.values()),
         "poison": by_reason.get(str(Reason.POISON), 0),
         "urns": groups_row["urns"], "queues": groups_row["queues"], "fingerprints": prints_row["fingerprints"],
         "first_failed_at": overall["first_failed_at"] if overall else None,
         "last_failed_at": overall["last_failed_at"] if overall else None,
         "without_failed_at": dead_letters - (overall["with_failed_at"] if overall else 0),
     }
-    totals["duplicates_removed"] = totals["records"] - totals["dead_letters"]
+    # every input line once: records = dead_letters + duplicates_removed + unreadable
+    totals["duplicates_removed"] = records_read - dead_letters
+    totals["unreadable"] = sum(lost.values())
     return {
-        "version": 1, "input": input_path, "totals": totals, "by_reason": by_reason,
+        "version": 1, "input": input_path, "totals": totals, "unreadable_by_cause": lost, "by_reason": by_reason,
         "by_reason_urn_queue": by_group, "top_fingerprints": top, "hourly": hourly, "age_buckets": age_buckets,
         "by_lang": dict(sorted(langs.items())),
     }
 
 
-def write_report(spark: SparkSession, rows: DataFrame, input_path: str, output: str) -> dict[str, Any]:
-    """Summarize triage rows and write ``<output>/summary.json`` and ``<output>/report.html``."""
-    summary = summarize(rows, input_path)
+def write_report(spark: SparkSession, rows: DataFrame, input_path: str, output: str,
+                 unreadable: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """Summarize triage rows and write ``<output>/summary.json`` and ``<output>/report.html`` (``unreadable``: see
+    :func:`summarize`)."""
+    summary = summarize(rows, input_path, unreadable)
     text = json.dumps(summary, indent=2, ensure_ascii=False) + "\n"
     write_text(spark, join_url(output, "summary.json"), text)
     write_text(spark, join_url(output, "report.html"), render_report(summary))
     return summary
+
+
+def triage_unreadable(spark: SparkSession, inputs: Sequence[str]) -> dict[str, int]:
+    """The unreadable input lines of the triage runs that wrote ``inputs``, per cause, from each folder's
+    ``_triage_summary.json`` (summed; an input without one, e.g. a glob of Parquet files, adds nothing)."""
+    lost = dict.fromkeys(UNREADABLE_CAUSES, 0)
+    for folder in inputs:
+        text = read_text(spark, join_url(folder, "_triage_summary.json"))
+        causes = json.loads(text).get("unreadable_by_cause") or {} if text else {}
+        for cause in UNREADABLE_CAUSES:
+            lost[cause] += int(causes.get(cause) or 0)
+    return lost
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -168,9 +194,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     spark = get_spark(args.app_name or "babelqueue-report")
     try:
-        summary = write_report(spark, spark.read.parquet(*args.input), ",".join(args.input), args.output)
+        summary = write_report(spark, spark.read.parquet(*args.input), ",".join(args.input), args.output,
+                               triage_unreadable(spark, args.input))
         print_summary({"job": "report", "output": args.output, "dead_letters": summary["totals"]["dead_letters"],
-                       "by_reason": summary["by_reason"], "summary": join_url(args.output, "summary.json"),
+                       "unreadable": summary["totals"]["unreadable"], "by_reason": summary["by_reason"],
+                       "summary": join_url(args.output, "summary.json"),
                        "report": join_url(args.output, "report.html")})
         return 0
     finally:

@@ -14,8 +14,9 @@ import json
 import operator
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -25,6 +26,7 @@ try:
         base_parser,
         get_spark,
         join_url,
+        log_warning,
         print_summary,
         short_exception,
         stop_spark,
@@ -34,9 +36,10 @@ except ImportError as exc:  # pragma: no cover - a cluster without the package o
     raise SystemExit(f"cannot import airflow_provider_babelqueue ({exc}); pass the package zip with --py-files "
                      "(see docs/spark.md)") from exc
 
-__all__ = ["COLUMNS", "PLAIN_COLUMNS", "POISON_INVALID_FRAME", "POISON_INVALID_JSON", "POISON_INVALID_UTF8",
-           "POISON_WRAPPED", "RECORD_SCHEMA", "classify", "deduplicate", "derive", "main", "parquet_options",
-           "read_records", "triage", "with_error_pattern"]
+__all__ = ["COLUMNS", "MAX_NAME_CHARS", "PLAIN_COLUMNS", "POISON_INVALID_FRAME", "POISON_INVALID_JSON",
+           "POISON_INVALID_UTF8", "POISON_WRAPPED", "RECORD_OPTIONS", "RECORD_SCHEMA", "TOO_LARGE", "TORN",
+           "UNKNOWN_VERSION", "UNREADABLE_CAUSES", "classify", "deduplicate", "derive", "main", "parquet_options",
+           "read_lines", "read_records", "run_summary", "triage", "unreadable_warning", "with_error_pattern"]
 
 #: The drain record (docs/drain-records.md), read with an explicit schema.
 RECORD_SCHEMA = T.StructType([
@@ -110,7 +113,19 @@ _FRAME_SCHEMA = T.StructType(_variants((_FRAME,)) + [T.StructField("headers", T.
 #: out of a header frame), the envelope's fields, and a poison wrapper's two keys (:data:`_WRAPPER_SQL` reads them).
 _PARSED = T.StructType([T.StructField("poison", T.BooleanType()), T.StructField("framed", T.BooleanType())]
                        + [field for field in _NESTED_BODY_SCHEMA.fields if field.name != _CORRUPT])
-_JSON_OPTIONS = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT, "allowNonNumericNumbers": "false"}
+#: Jackson's limits, as Spark's JSON options name them (``JSONOptions``: ``maxStringLen``, default 20,000,000
+#: characters; ``maxNumLen``, default 1,000 digits; ``maxNestingDepth``, default 1,000). Strings and numbers are
+#: read whatever their length (Java's own limit); a body is as deep as the core's parser allows (orjson: 1,024).
+_MAX = str(2**31 - 1)
+_CORE_DEPTH = 1024
+_LIMITS = {"maxStringLen": _MAX, "maxNumLen": _MAX}
+#: The body's parse: strict JSON as the core reads it (no NaN/Infinity, no single quotes; Spark allows both by
+#: default), Jackson's limits raised (:data:`_LIMITS`), as deep as the core's parser goes.
+_JSON_OPTIONS = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT, "allowNonNumericNumbers": "false",
+                 "allowSingleQuotes": "false", **_LIMITS, "maxNestingDepth": str(_CORE_DEPTH)}
+#: The drain record's read: every limit raised (a record's body is one JSON string of any length).
+RECORD_OPTIONS = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt_record", **_LIMITS,
+                  "maxNestingDepth": _MAX}
 
 POISON_INVALID_UTF8 = "body is not valid UTF-8"
 POISON_INVALID_JSON = "body is not a JSON object"
@@ -220,15 +235,78 @@ def _parse_body(text: Column) -> Column:
     the driver measurably), and what is decided from the parsed fields alone (a poison wrapper) is left to the
     SQL columns of :func:`classify`.
     """
-    def opened(f: Column) -> Column:
+    def opened(text: Column, f: Column) -> Column:
         # (a frame's body that is an object Spark cannot hold as a variant is null here; the other keys still read)
         framed = f[_FRAME].isNotNull()
         usable = ((F.schema_of_variant(f[_FRAME]) == "BIGINT") & (F.to_json(f[_FRAME]) == "1")
                   & (f["headers"].isNull() | f["headers"].startswith("{")))
-        return _parse(F.when(~framed, text).when(usable, _string(f["body"])), framed)
+        inner = _bind(_string(f["body"]), lambda i: F.when(~_refused(i), i))
+        return _parse(F.when(~framed, text).when(usable, inner), framed)
 
-    # the frame's own keys are parsed only when the text holds the marker (null for every other body)
-    return _bind(F.when(text.contains(_FRAME_MARK), F.from_json(text, _FRAME_SCHEMA, _JSON_OPTIONS)), opened)
+    # the frame's own keys are parsed only when the text holds the marker (null for every other body); a text the
+    # core refuses is no text (poison)
+    return _bind(F.when(~_refused(text), text), lambda usable: _bind(
+        F.when(usable.contains(_FRAME_MARK), F.from_json(usable, _FRAME_SCHEMA, _JSON_OPTIONS)),
+        functools.partial(opened, usable)))
+
+
+#: An array of empty structs: parsing ``[<text>]`` as one skips every value (an object is read as no fields).
+_SKIP_ALL = T.ArrayType(T.StructType([]))
+#: One level more than a body may have: the brackets around it.
+_WRAPPED_OPTIONS = {**_JSON_OPTIONS, "maxNestingDepth": str(_CORE_DEPTH + 1)}
+del _WRAPPED_OPTIONS["columnNameOfCorruptRecord"]
+_HIGH, _LOW = r"\\u[dD][89abAB][0-9a-fA-F]{2}", r"\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+#: A ``\u`` escape of a high surrogate not followed by a low one, or of a low one not after a high one (with every
+#: escaped backslash already replaced by another character, so each backslash left starts an escape).
+_LONE_SURROGATE = f"{_HIGH}(?!{_LOW})|(?<!{_HIGH}){_LOW}"
+#: What a number beyond a long or a double needs: 19 digits in a row, or an exponent of 3 digits or more.
+_WIDE_NUMBER = r"[0-9]{19}|[0-9][eE]\+?[0-9]{3}"
+#: A JSON number (as core.integers finds them: not part of another); an integer when it has no ``.``/``e``.
+_NUMBER_LITERAL = r"(?<![0-9.eE+\-])-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
+
+
+def _outside_strings(text: Column) -> Column:
+    """The text with every JSON string removed (core.integers._outside_strings): escaped backslashes and quotes
+    go first, then every other piece between quotes is a string's content."""
+    plain = F.replace(F.replace(text, F.lit("\\\\"), F.lit("")), F.lit('\\"'), F.lit(""))
+    return F.array_join(F.filter(F.split(plain, '"'), lambda _, i: i % 2 == 0), "")
+
+
+def _out_of_range(number: Column) -> Column:
+    """A JSON number literal the core refuses: an integer outside signed 64-bit, a float beyond a double."""
+    return F.when(number.rlike("^-?[0-9]+$"), number.try_cast("bigint").isNull()).otherwise(
+        F.abs(number.try_cast("double")) == F.lit(float("inf")))
+
+
+def _refused(text: Column) -> Column:
+    """Whether the core's ``decode`` refuses a text that Spark's parse would read as a JSON object (``False`` for
+    what both read, and for what Spark's parse already refuses; ``True`` for no text).
+
+    Spark's parser reads what follows the first JSON value as nothing (``{…} x``), turns a lone surrogate escape
+    into ``?`` and reads numbers as text wherever a field is read as text. The core refuses all three: text after
+    the value, a lone surrogate, an integer outside signed 64-bit or a float beyond a double (core.integers). So:
+
+    * one value: ``[text]`` must hold one element and ``[text,{}]`` two. Text after the value breaks the first
+      (``{…} x``, ``{…}}``), adds elements to it (``{…},{…}``), or closes it early (``{…}]``: the second then
+      has one). Both parses skip every value (:data:`_SKIP_ALL`), with the body parse's limits;
+    * a lone surrogate, looked for only in a text with a ``\\uD`` escape;
+    * a number out of range, looked for (outside strings, literal by literal) only in a text with 19 digits in a
+      row or a 3-digit exponent, as the core's own pre-check does.
+    """
+    escapes = text.contains("\\ud") | text.contains("\\uD")
+    lone = F.replace(text, F.lit("\\\\"), F.lit("_")).rlike(_LONE_SURROGATE)
+    wide = F.exists(F.regexp_extract_all(_outside_strings(text), F.lit(_NUMBER_LITERAL), 0), _out_of_range)
+    return ~_one_value(text, _WRAPPED_OPTIONS) | (escapes & lone) | (text.rlike(_WIDE_NUMBER) & wide)
+
+
+def _one_value(text: Column, options: dict[str, str]) -> Column:
+    """Whether the text is one JSON value (an object, or null) and nothing else but whitespace: ``[text]`` holds
+    one element and ``[text,{}]`` two (see :func:`_refused`). ``False`` for no text."""
+    def holds(suffix: str, elements: int) -> Column:
+        values = F.from_json(F.concat(F.lit("["), text, F.lit(suffix)), _SKIP_ALL, options)
+        return F.coalesce(F.size(values) == elements, F.lit(False))
+
+    return holds("]", 1) & holds(",{}]", 2)
 
 
 def _variant_text_sql(field: str) -> str:
@@ -250,18 +328,55 @@ _WRAPPER_SQL = (
 )
 
 
-def read_records(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
-    """The drain records of every input path; torn lines, lines that are not UTF-8 and records of unknown
-    versions are dropped.
+#: Why an input line is not triaged (:func:`read_lines`' ``unreadable`` column; the summary's
+#: ``unreadable_by_cause`` names all three, in this order).
+TORN, TOO_LARGE, UNKNOWN_VERSION = "torn", "too_large", "unknown_version"
+UNREADABLE_CAUSES = (TORN, TOO_LARGE, UNKNOWN_VERSION)
+#: Jackson's longest object key (StreamReadConstraints.maxNameLength): Spark's JSON options do not raise it.
+MAX_NAME_CHARS = 50_000
+
+
+def read_lines(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
+    """Every drain record line of every input path, with ``input_file`` and ``unreadable``: null for a record
+    triage reads (``v`` 1 and a ``body``), else why not (:data:`UNREADABLE_CAUSES`). Blank lines are no records
+    (Spark's reader gives no row for them, as ``core.records.parse_replay_line`` gives ``None``).
+
+    The lines are read PERMISSIVE, with Jackson's limits raised (:data:`RECORD_OPTIONS`): a body of any length
+    is read. A line Spark cannot read keeps its text in a corrupt-record column, and its cause is:
+
+    * ``unknown_version``: a JSON object without ``v`` 1 or without a ``body`` (a field of another type is not
+      read; when ``v`` and ``body`` are, the record is triaged, its other fields of the wrong type unknown);
+    * ``too_large``: a line Spark could not read at all that holds an object key of more than
+      :data:`MAX_NAME_CHARS` characters, Jackson's one limit Spark's options cannot raise;
+    * ``torn``: anything else that is not one JSON object: the torn last line of a crashed drain, a truncated or
+      garbled line, bytes that are not UTF-8, a JSON value that is not an object.
 
     No ``encoding`` option: Spark then hands each line's bytes to Jackson's UTF-8 parser, which rejects
     bytes that are not UTF-8 just as the decoding reader the option sets up does, for ~30 % less time in the
     scan.
     """
-    reader = spark.read.schema(RECORD_SCHEMA).option("mode", "DROPMALFORMED")
-    records = reader.json(list(paths))
-    return records.where((F.col("v") == 1) & F.col("body").isNotNull()).withColumn(
-        "input_file", F.col("_metadata.file_path"))
+    corrupt = RECORD_OPTIONS["columnNameOfCorruptRecord"]
+    schema = T.StructType([*RECORD_SCHEMA.fields, T.StructField(corrupt, T.StringType())])
+    lines = spark.read.schema(schema).options(**RECORD_OPTIONS).json(list(paths))
+    line = F.col(corrupt)
+    # only for a line Spark read nothing of (rare): is it one JSON object, or one with a key over Jackson's limit?
+    one_object = _one_value(line, {key: value for key, value in RECORD_OPTIONS.items() if key != "mode"
+                                   and key != "columnNameOfCorruptRecord"}) & line.rlike("^\\s*\\{")
+    long_key = line.rlike(f'"[^"]{{{MAX_NAME_CHARS + 1},}}+"\\s*:')
+    nothing_read = line.isNotNull() & F.col("v").isNull() & F.col("body").isNull()
+    # (Spark keeps the bytes of a line that is not UTF-8 as its corrupt text: not a JSON text)
+    cause = (F.when(~F.is_valid_utf8(line), F.lit(TORN))
+             .when((F.col("v") == 1) & F.col("body").isNotNull(), F.lit(None).cast("string"))
+             .when(~nothing_read | one_object, F.lit(UNKNOWN_VERSION))
+             .when(long_key, F.lit(TOO_LARGE)).otherwise(F.lit(TORN)))
+    return lines.select(*RECORD_SCHEMA.names, F.col("_metadata.file_path").alias("input_file"),
+                        cause.alias("unreadable"))
+
+
+def read_records(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
+    """The drain records of every input path that triage reads (:func:`read_lines` without the unreadable ones
+    and without the ``unreadable`` column)."""
+    return read_lines(spark, paths).where(F.col("unreadable").isNull()).drop("unreadable")
 
 
 #: The triage columns, in the order they are written (``reason`` becomes the partition folder).
@@ -297,17 +412,20 @@ def classify(records: DataFrame, source_broker: str | None = None) -> DataFrame:
     """
     # A utf-8 body is the text itself. A base64 body is decoded; its bytes are used only if they are UTF-8
     # (the drain writes base64 precisely when they are not, so it is normally poison).
-    base64_body = F.col("body_encoding") == "base64"
+    base64_body = F.coalesce(F.col("body_encoding") == "base64", F.lit(False))  # none: utf-8, as core.records
     decoded = F.when(base64_body, F.try_to_binary(F.col("body"), F.lit("base64")).cast("string"))
     utf8 = ~base64_body | (decoded.isNotNull() & F.is_valid_utf8(decoded))
     text = F.when(~base64_body, F.col("body")).when(utf8, decoded)
     df = records.select("*", utf8.alias("_utf8"), _parse_body(text).alias("_p"))
-    # The columns in SQL text: one call to the JVM for all of them instead of one per column object.
-    poison = f"(_p.poison OR {_WRAPPER_SQL})"
+    # The columns in SQL text: one call to the JVM for all of them instead of one per column object. A wrapper
+    # (core.peer) gives the reason of its block, poison when it has none; it is poison only for that reason.
+    block_reason = _text_sql("_p.dead_letter.reason")
+    wrapper_poison = f"{_WRAPPER_SQL} AND coalesce({block_reason}, '{Reason.POISON}') = '{Reason.POISON}'"
+    poison = f"(_p.poison OR ({wrapper_poison}))"
     columns = {
         "meta_id": f"coalesce({_text_sql('_p.meta.id')}, {_text_sql('meta_id')})",
-        "reason": f"CASE WHEN {poison} THEN '{Reason.POISON}' "
-                  f"ELSE coalesce({_text_sql('_p.dead_letter.reason')}, 'unannotated') END",
+        "reason": f"CASE WHEN _p.poison THEN '{Reason.POISON}' WHEN {_WRAPPER_SQL} THEN "
+                  f"coalesce({block_reason}, '{Reason.POISON}') ELSE coalesce({block_reason}, 'unannotated') END",
         "poison": poison,
         "urn": f"coalesce({_text_sql('_p.job')}, {_text_sql('_p.urn')})",
         "original_queue": f"coalesce({_text_sql('_p.dead_letter.original_queue')}, {_text_sql('_p.meta.queue')}, "
@@ -322,7 +440,8 @@ def classify(records: DataFrame, source_broker: str | None = None) -> DataFrame:
         "attempts": "coalesce(_p.dead_letter.attempts, _p.attempts)",
         # (a poison wrapper's row keeps its block: the SDK's exception, error, failed_at, attempts, lang)
         "exception": _text_sql("_p.dead_letter.exception"),
-        "error": f"CASE WHEN {_WRAPPER_SQL} THEN coalesce(_p.dead_letter.error, '{POISON_WRAPPED}') "
+        "error": f"CASE WHEN {wrapper_poison} THEN coalesce(_p.dead_letter.error, '{POISON_WRAPPED}') "
+                 f"WHEN {_WRAPPER_SQL} THEN _p.dead_letter.error "
                  f"WHEN _p.poison THEN (CASE WHEN _p.framed THEN '{POISON_INVALID_FRAME}' "
                  f"WHEN _utf8 THEN '{POISON_INVALID_JSON}' ELSE '{POISON_INVALID_UTF8}' END) "
                  "ELSE _p.dead_letter.error END",
@@ -395,37 +514,80 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     spark = get_spark(args.app_name or "babelqueue-triage")
     try:
-        rows = triage(read_records(spark, args.input), args.source_broker)
+        # the unreadable lines are counted as the write reads them (an observation: no second read of the input)
+        observed = Observation("babelqueue-triage-lines")
+        all_lines = read_lines(spark, args.input)
+        lines = all_lines.observe(
+            observed, *[F.count_if(F.col("unreadable") == cause).alias(cause) for cause in UNREADABLE_CAUSES])
+        records = lines.where(F.col("unreadable").isNull()).drop("unreadable")
+        rows = triage(records, args.source_broker)
         if args.partitions > 0:
             rows = rows.repartition(args.partitions, "reason")
         rows.write.mode("overwrite").options(**parquet_options()).partitionBy("reason").parquet(args.output)
+        unreadable = _unreadable_counts(observed, all_lines)
         written = spark.read.schema(rows.schema).parquet(args.output)
         if args.report_output:
             # the report counts rows and copies by reason anyway: its numbers save a job of our own
             from airflow_provider_babelqueue.spark.report import write_report
 
-            report = write_report(spark, written, args.output, args.report_output)
-            by_reason, records_in = report["by_reason"], report["totals"]["records"]
+            report = write_report(spark, written, args.output, args.report_output, unreadable)
+            by_reason = report["by_reason"]
+            records_read = report["totals"]["records"] - report["totals"]["unreadable"]
         else:
             counts = written.groupBy("reason").agg(F.count(F.lit(1)).alias("n"), F.sum("copies").alias("copies"))
-            by_reason, records_in = {}, 0
+            by_reason, records_read = {}, 0
             for row in sorted(counts.collect(), key=lambda r: r["reason"]):
                 by_reason[row["reason"]] = row["n"]
-                records_in += int(row["copies"])
-        rows_out = sum(by_reason.values())
-        summary = {
-            "job": "triage", "output": args.output, "records": records_in, "rows": rows_out,
-            "duplicates_removed": records_in - rows_out, "poison": by_reason.get(str(Reason.POISON), 0),
-            "by_reason": by_reason,
-        }
+                records_read += int(row["copies"])
+        summary = run_summary(args.output, records_read, by_reason, unreadable)
         if args.report_output:
             summary["report"] = join_url(args.report_output, "report.html")
         # Files whose names start with "_" are invisible to Parquet readers and to the replay-set reader.
         write_text(spark, join_url(args.output, "_triage_summary.json"), json.dumps(summary, indent=2) + "\n")
+        if summary["unreadable"]:
+            log_warning(spark, "babelqueue.triage", unreadable_warning(summary))
         print_summary(summary)
         return 0
     finally:
         stop_spark(spark)
+
+
+def _unreadable_counts(observed: Observation, lines: DataFrame) -> dict[str, int]:
+    """The unreadable lines per cause, as the write observed them. When it wrote nothing at all (every line
+    unreadable), Spark may have no observation to give: then they are counted by a query of their own."""
+    try:
+        metrics = observed.get
+    except Exception:  # noqa: BLE001 - py4j's error for "no metrics" (an assertion in the JVM)
+        metrics = {}
+    if all(cause in metrics for cause in UNREADABLE_CAUSES):
+        return {cause: int(metrics[cause] or 0) for cause in UNREADABLE_CAUSES}
+    counts: dict[str, int] = dict(lines.where(F.col("unreadable").isNotNull()).groupBy("unreadable").count().collect())
+    return {cause: int(counts.get(cause, 0)) for cause in UNREADABLE_CAUSES}
+
+
+def run_summary(output: str, records_read: int, by_reason: dict[str, int], unreadable: dict[str, int]
+                ) -> dict[str, Any]:
+    """Triage's summary: every input line is counted once, ``records = rows + duplicates_removed + unreadable``.
+
+    :param output: the triage folder.
+    :param records_read: the drain records triaged (the rows' copies).
+    :param by_reason: rows per reason.
+    :param unreadable: lines not triaged, per cause (:data:`UNREADABLE_CAUSES`).
+    """
+    rows_out, lost = sum(by_reason.values()), sum(unreadable.values())
+    return {
+        "job": "triage", "output": output, "records": records_read + lost, "rows": rows_out,
+        "duplicates_removed": records_read - rows_out, "unreadable": lost,
+        "unreadable_by_cause": {cause: unreadable.get(cause, 0) for cause in UNREADABLE_CAUSES},
+        "poison": by_reason.get(str(Reason.POISON), 0), "by_reason": by_reason,
+    }
+
+
+def unreadable_warning(summary: dict[str, Any]) -> str:
+    """The line the job writes to stderr (the task log) when it could not read some input lines."""
+    causes = ", ".join(f"{cause} {count}" for cause, count in summary["unreadable_by_cause"].items() if count)
+    return (f"{summary['unreadable']} of {summary['records']} input lines were not "
+            f"triaged ({causes}); see unreadable_by_cause in {join_url(summary['output'], '_triage_summary.json')}")
 
 
 if __name__ == "__main__":

@@ -47,7 +47,9 @@ def rows_by_name(run: SparkRun) -> dict[str, dict]:
 
 def test_triage_summary_line_is_exact(spark_run: SparkRun) -> None:
     assert spark_run.triage == {
-        "job": "triage", "output": str(spark_run.triage_dir), "records": 19, "rows": 15, "duplicates_removed": 4,
+        # the second file's torn last line is counted, not triaged
+        "job": "triage", "output": str(spark_run.triage_dir), "records": 20, "rows": 15, "duplicates_removed": 4,
+        "unreadable": 1, "unreadable_by_cause": {"torn": 1, "too_large": 0, "unknown_version": 0},
         "poison": 3, "by_reason": BY_REASON, "report": str(spark_run.combined_report_dir / "report.html"),
     }
     written = json.loads((spark_run.triage_dir / "_triage_summary.json").read_text())
@@ -149,9 +151,9 @@ def test_report_summary_is_exact(spark_run: SparkRun) -> None:
     summary = json.loads((spark_run.report_dir / "summary.json").read_text())
     assert spark_run.report["dead_letters"] == 15 and spark_run.report["by_reason"] == BY_REASON
     assert summary["totals"] == {
-        "dead_letters": 15, "records": 19, "duplicates_removed": 4, "poison": 3, "urns": 4, "queues": 4,
+        "dead_letters": 15, "records": 20, "duplicates_removed": 4, "poison": 3, "urns": 4, "queues": 4,
         "fingerprints": 8, "first_failed_at": CREATED + 90_000, "last_failed_at": CREATED + 480_000 + 7_200_000,
-        "without_failed_at": 3,
+        "without_failed_at": 3, "unreadable": 1,
     }
     assert summary["by_reason"] == BY_REASON
     assert summary["by_lang"] == {"go": 2, "node": 2, "php": 6, "python": 2, "unknown": 3}
@@ -221,7 +223,8 @@ def test_fields_of_unexpected_types_are_read_not_poisoned(tmp_path: Path) -> Non
     broker = "o'brien \"primary\""
     summary = submit("triage", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
                      "--source-broker", broker)
-    assert summary["by_reason"] == {"failed": 2, "unknown_urn": 1}
+    # (an integer beyond signed 64-bit makes a body poison, as core.integers says)
+    assert summary["by_reason"] == {"failed": 1, "unknown_urn": 1, "poison": 1}
     assert {row["source_broker"] for row in pq.read_table(tmp_path / "out").to_pylist()} == {broker}
     columns = ("meta_id", "reason", "poison", "lang", "schema_version", "created_at", "failed_at", "age_ms",
                "attempts", "exception_type", "original_queue")
@@ -230,9 +233,9 @@ def test_fields_of_unexpected_types_are_read_not_poisoned(tmp_path: Path) -> Non
         "string-numbers": {"meta_id": "odd-1", "reason": "failed", "poison": False, "lang": "go", "schema_version": 1,
                            "created_at": 1749132000000, "failed_at": 1749132060000, "age_ms": 60000, "attempts": 4,
                            "exception_type": "Timeout", "original_queue": "orders"},
-        # attempts beyond a long: unknown, the rest as written
-        "huge-number": {"meta_id": "odd-2", "reason": "failed", "poison": False, "lang": "go", "schema_version": 1,
-                        "created_at": 1749132000000, "failed_at": 1749132000500, "age_ms": 500, "attempts": None,
+        # attempts beyond a long: poison (the core refuses the body), its columns unknown
+        "huge-number": {"meta_id": None, "reason": "poison", "poison": True, "lang": None, "schema_version": None,
+                        "created_at": None, "failed_at": None, "age_ms": None, "attempts": None,
                         "exception_type": None, "original_queue": "orders"},
         # meta is not an object: no meta fields (the queue falls back to the record's); 2.5 attempts is no count
         "meta-not-object": {"meta_id": None, "reason": "unknown_urn", "poison": False, "lang": None,
@@ -252,11 +255,15 @@ def test_a_drain_of_torn_lines_only_gives_an_empty_triage_and_a_zero_report(tmp_
                                                  b'{"v":1,"body":"{}","body_encoding":"utf-8","meta_id":"\xff"}\n')
     summary = submit("triage", "--input", str(tmp_path / "in"), "--output", str(tmp_path / "out"),
                      "--report-output", str(tmp_path / "report"))
-    assert (summary["records"], summary["rows"], summary["by_reason"]) == (0, 0, {})
+    # none triaged, every line counted (the one with a byte that is not UTF-8 is no JSON text either)
+    assert (summary["records"], summary["rows"], summary["by_reason"]) == (3, 0, {})
+    assert (summary["unreadable"], summary["unreadable_by_cause"]) == (3, {"torn": 3, "too_large": 0,
+                                                                           "unknown_version": 0})
     report = json.loads((tmp_path / "report" / "summary.json").read_text())
     assert report["totals"] == {
-        "dead_letters": 0, "records": 0, "poison": 0, "urns": 0, "queues": 0, "fingerprints": 0,
+        "dead_letters": 0, "records": 3, "poison": 0, "urns": 0, "queues": 0, "fingerprints": 0,
         "first_failed_at": None, "last_failed_at": None, "without_failed_at": 0, "duplicates_removed": 0,
+        "unreadable": 3,
     }
     assert (report["by_reason"], report["by_reason_urn_queue"], report["top_fingerprints"], report["hourly"],
             report["by_lang"]) == ({}, [], [], [], {})
