@@ -32,7 +32,7 @@ section.wide{grid-column:1/-1}h2{margin:0 0 10px;font-size:15px}
 .cards{display:grid;grid-template-columns:repeat(6,minmax(0,1fr));gap:12px}
 .card{background:#fff;border:1px solid #dde3ee;border-radius:8px;padding:12px 14px}
 .card b{display:block;font-size:24px}.card span{color:#5b6577;font-size:12px;text-transform:uppercase}
-.card.alert b{color:#b02a37}table{border-collapse:collapse;width:100%;font-size:13px}
+.card.alert b,strong.alert{color:#b02a37}table{border-collapse:collapse;width:100%;font-size:13px}
 th,td{text-align:left;padding:5px 8px;border-bottom:1px solid #edf0f5;vertical-align:top}
 th{color:#5b6577;font-weight:600}td.n{text-align:right;font-variant-numeric:tabular-nums}
 code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace;background:#f1f3f8;padding:1px 4px;border-radius:3px;
@@ -164,6 +164,11 @@ def render_report(summary: dict[str, Any]) -> str:
     ages = [(bucket["bucket"], bucket["count"]) for bucket in summary["age_buckets"]]
     langs = sorted(summary["by_lang"].items(), key=lambda item: (-item[1], item[0]))
     span = f"failed between {_iso(totals['first_failed_at'])} and {_iso(totals['last_failed_at'])}"
+    unreadable = int(totals.get("unreadable") or 0)
+    if unreadable:  # lines triage could not read: never silent (the causes are in summary.json too)
+        causes = ", ".join(f"{_text(cause)} {_num(count)}" for cause, count in
+                           sorted((summary.get("unreadable_by_cause") or {}).items()) if count)
+        span += f'; <strong class="alert">{_num(unreadable)} unreadable</strong> ({causes})'
     data = script_json(summary)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">

@@ -317,3 +317,13 @@ def test_injection_corpus_parses_in_chromium(tmp_path: Path) -> None:
     done = chromium(page, f"--screenshot={shot}", "--window-size=1280,1600")
     assert done.returncode == 0 and console_errors(done.stderr) == [], done.stderr[-2000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_unreadable_lines_are_named_on_the_page() -> None:
+    summary = injection_summary(["x"])
+    summary["totals"] = {**summary["totals"], "unreadable": 4}
+    summary["unreadable_by_cause"] = {"torn": 1, "too_large": 0, "unknown_version": 3}
+    page = render_report(summary)
+    assert '<strong class="alert">4 unreadable</strong> (torn 1, unknown_version 3)' in page
+    del summary["totals"]["unreadable"]
+    assert "unreadable</strong>" not in render_report(summary)
