@@ -457,3 +457,36 @@ def test_remember_many_is_idempotent_under_concurrency(target: Target) -> None:
         with engine.begin() as conn:
             conn.execute(sa.text(f'DROP TABLE IF EXISTS "{target.table}_seen"'))
         engine.dispose()
+
+
+def test_a_dead_letter_row_is_written_whatever_the_message_holds(target: Target,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """NUL in the URN and the error, a lone surrogate, and attempts past 32 bits: PostgreSQL refused each one in
+    the dead-letter INSERT, which left the row reserved at the head of the queue. On a table created with a 32-bit
+    ``attempts`` (an earlier version's), the column is clamped and a warning says how to widen it."""
+    if target.url.startswith("postgresql"):
+        engine = sa.create_engine(target.url)
+        with engine.begin() as conn:  # the earlier layout: attempts INTEGER
+            conn.execute(sa.text(
+                f"CREATE TABLE {target.failed} (id BIGSERIAL PRIMARY KEY, queue VARCHAR(255) NOT NULL, urn TEXT, "
+                "attempts INTEGER NOT NULL DEFAULT 0, reason TEXT NOT NULL, error TEXT, exception TEXT, "
+                "failed_at BIGINT NOT NULL, payload BYTEA NOT NULL, reserved_at DOUBLE PRECISION)"))
+        engine.dispose()
+    binding = target.make()
+    envelope = bq.make_envelope("urn:babel:orders:cre\x00ated", {"note": "a\x00b"}, queue_name=target.queue)
+    envelope["attempts"] = 2**31 + 5
+    body = bq.encode(envelope)
+    binding.publish(body, target.queue)
+    message = must_reserve(binding, target.queue)
+    with caplog.at_level("WARNING"):
+        binding.dead_letter(message, bq.Reason.FAILED, error="handler said a\x00b \ud800", exception="E\x00")
+    [(urn, attempts, error, exception, payload)] = target.query(
+        f"SELECT urn, attempts, error, exception, payload FROM {target.failed}")
+    assert (urn, error, exception) == ("urn:babel:orders:created", "handler said ab \ufffd", "E")
+    stored = bq.decode(bytes(payload))
+    assert stored["job"] == "urn:babel:orders:cre\x00ated" and stored["attempts"] == 2**31 + 5  # payload exact
+    assert stored["dead_letter"]["error"] == "handler said a\x00b \ufffd"
+    old_layout = target.url.startswith("postgresql")
+    assert attempts == (2**31 - 1 if old_layout else 2**31 + 5)
+    assert ("ALTER COLUMN attempts TYPE BIGINT" in caplog.text) == old_layout
+    assert binding.depth(target.queue) == 0 and binding.dead_letter_depth(target.queue) == 1
