@@ -105,16 +105,19 @@ class DeadLetterStatus:
 
 def _sample_entry(message: ReceivedMessage) -> dict[str, Any]:
     """``{"meta_id", "urn", "reason"}`` of one browsed dead letter, read as every reader reads stored bodies: a
-    framed dead letter (the Python SDK keeps the frame) as its inner envelope, the Python SDK's poison wrapper
-    and any undecodable body as ``poison``."""
+    framed dead letter (the Python SDK keeps the frame) as its inner envelope, a poison wrapper with its block's
+    reason (``poison`` when it has none) and any undecodable body as ``poison``."""
     envelope = message.envelope
     if envelope is not None and FRAME_KEY in envelope:  # a binding that did not unwrap: read the stored bytes
         try:
             envelope = open_body(message.body)[0]
         except EnvelopeDecodeError:
             envelope = None
-    if envelope is None or poison_wrapper(envelope) is not None:
+    if envelope is None:
         return {"meta_id": "", "urn": "", "reason": str(bq.Reason.POISON)}
+    wrapper = poison_wrapper(envelope)
+    if wrapper is not None:  # the consumer's reason, kept beside the bytes it could not annotate
+        return {"meta_id": "", "urn": "", "reason": wrapper.reason}
     block = envelope.get("dead_letter")
     reason = block.get("reason") if isinstance(block, dict) else None
     return {"meta_id": bq.meta_id_of(envelope), "urn": bq.urn_of(envelope), "reason": reason}

@@ -88,3 +88,18 @@ def test_dead_letter_filters_by_reason_and_urn(binding: Binding, queue_name: str
     assert [e["reason"] for e in by_reason.sample] == ["unknown_urn", "poison"]
     by_urn = dead_letter_status(binding, queue_name, urns=["urn:babel:billing:charged"], min_count=2)
     assert (by_urn.matched, by_urn.matching) == (False, 1)
+
+
+def test_a_poison_wrapper_is_sampled_with_the_reason_its_consumer_gave() -> None:
+    """A body that could not be annotated keeps the consumer's reason beside its bytes; sensors match on it."""
+    from airflow_provider_babelqueue.bindings.memory import MemoryBinding
+
+    binding = MemoryBinding()
+    for body, reason in ((b"\xff not json", "failed"), (b"also not json", "poison")):
+        binding.publish(body, "orders")
+        message = binding.reserve("orders")
+        assert message is not None and message.envelope is None
+        binding.dead_letter(message, reason, error="boom")
+    status = dead_letter_status(binding, "orders", reasons=["failed"])
+    assert status.matching == 1 and [entry["reason"] for entry in status.sample] == ["failed"]
+    assert dead_letter_status(binding, "orders", reasons=["poison"]).matching == 1
