@@ -275,8 +275,8 @@ def dead_letter_view(
     sensors, Spark triage) finds the reason, the error and the queue it was quarantined from in the body.
 
     A body that already has a ``dead_letter`` block is returned byte for byte; an envelope gets the block from
-    the stored fields; anything else (or an envelope that cannot be re-encoded) becomes the poison wrapper of its
-    exact bytes (:func:`~...core.peer.wrap_raw`). A replay skips both poison forms, so what a refused body claims
+    the stored fields; anything else (an envelope stored as ``poison``, refused by a consumer limit; one that
+    cannot be re-encoded; bytes that are no envelope) becomes the poison wrapper of its exact bytes (:func:`~...core.peer.wrap_raw`). A replay skips both poison forms, so what a refused body claims
     (its own ``meta.queue``) is never followed.
 
     :param envelope: ``body`` decoded (``parse_body``), or ``None`` when it is not an envelope.
@@ -285,7 +285,7 @@ def dead_letter_view(
         return body
     error, exception = bq.storable_text(error), bq.storable_text(exception)
     attempts = min(max(attempts, 0), INT64_MAX)
-    if envelope is not None:
+    if envelope is not None and reason != bq.Reason.POISON:  # poison that decodes: refused by a limit, kept exact
         try:
             env = open_body(body)[0]
             return bq.encode(bq.annotate_dead_letter(env, reason, original_queue=original_queue, attempts=attempts,

@@ -12,6 +12,7 @@ import pytest
 from airflow.sdk import DAG
 
 from airflow_provider_babelqueue import envelope as bq
+from airflow_provider_babelqueue.core.peer import poison_wrapper
 from airflow_provider_babelqueue.hooks import get_hook
 from airflow_provider_babelqueue.operators.drain import BabelQueueDrainDeadLettersOperator
 from airflow_provider_babelqueue.operators.replay import BabelQueueReplayOperator
@@ -83,7 +84,11 @@ def test_move_drain_then_replay_twice(conn_id: str, monkeypatch: pytest.MonkeyPa
     records = [json.loads(line) for line in Path(drained["path"]).read_text().splitlines()]
     assert {r["meta_id"] for r in records} == set(seeded) | {""}
     poison = [r for r in records if r["meta_id"] == ""]
-    assert [(r["body_encoding"], r["broker"]) for r in poison] == [("base64", get_hook(conn_id).get_binding().name)]
+    # the poison body (not UTF-8) is in a poison wrapper that keeps it exactly, with the consumer's reason
+    assert [(r["body_encoding"], r["broker"]) for r in poison] == [("utf-8", get_hook(conn_id).get_binding().name)]
+    wrapper = poison_wrapper(poison[0]["body"].encode("utf-8"))
+    assert wrapper is not None and wrapper.raw_encoding == "base64" and wrapper.reason == "poison"
+    assert wrapper.dead_letter["original_queue"] == queue
     for record in records:
         if record["meta_id"]:
             assert bq.decode(record["body"])["dead_letter"]["reason"] == seeded[record["meta_id"]]

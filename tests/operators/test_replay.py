@@ -23,6 +23,7 @@ from airflow.sdk import DAG
 from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.bindings.base import Binding, PublishBatchError, ReceivedMessage
 from airflow_provider_babelqueue.bindings.memory import MemoryBinding
+from airflow_provider_babelqueue.core.peer import poison_wrapper
 from airflow_provider_babelqueue.core.records import drain_record, record_body
 from airflow_provider_babelqueue.engine.replay import copy_digest
 from airflow_provider_babelqueue.hooks import get_hook
@@ -123,7 +124,9 @@ def test_drain_and_replay_in_a_dag(conn_id: str, tmp_path: Path) -> None:
         assert copied["by_source"] == {f"{conn_id}/{queue_name}": 7, f"{conn_id}/{other_queue}": 2}
         records = read_records(copied["path"])
         assert [record_body(r) for r in records] == stored[queue_name] + stored[other_queue]  # byte for byte
-        assert [r["body_encoding"] for r in records].count("base64") == 1
+        # the poison body (not UTF-8) sits in its DLQ as a poison wrapper: a UTF-8 record holding it exactly
+        assert [r["body_encoding"] for r in records].count("base64") == 0
+        assert [w.raw for w in map(poison_wrapper, (record_body(r) for r in records)) if w is not None] == [POISON]
         assert {r["broker"] for r in records} == {binding.name}
         assert [r["dead_letter_queue"] for r in records] == [binding.dead_letter_name(queue_name)] * 7 + [
             binding.dead_letter_name(other_queue)] * 2
@@ -557,12 +560,13 @@ def test_a_failure_mid_batch_gives_every_reservation_back_at_once(monkeypatch: p
     binding = LedgerDown()
     stored = seed_good(binding, "orders", 8)
     dead_letter(binding, "orders", POISON, "poison")  # skipped: held until the end
+    wrapped = binding.browse_dead_letters("orders")[-1].body  # the poison wrapper holding POISON
     use_bindings(monkeypatch, replay_module, {"bq": binding})
     with pytest.raises(ConnectionError, match="simulated fault"):
         run_replay(source_conn_id="bq", queue_name="orders", batch_size=3)
     assert binding.depth("orders") == 3  # the first batch was published, remembered and acked
     assert binding.dead_letter_depth("orders") == 6  # everything else is back now, not after a timeout
-    assert sorted(m.body for m in binding.browse_dead_letters("orders")) == sorted([*stored[3:], POISON])
+    assert sorted(m.body for m in binding.browse_dead_letters("orders")) == sorted([*stored[3:], wrapped])
 
 
 def test_an_unusable_ledger_gives_the_reserved_batch_back(monkeypatch: pytest.MonkeyPatch) -> None:

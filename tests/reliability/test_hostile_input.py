@@ -37,6 +37,7 @@ from hypothesis import strategies as st
 
 from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.bindings.base import Binding, ReceivedMessage, parse_body
+from airflow_provider_babelqueue.core.peer import poison_wrapper
 from airflow_provider_babelqueue.core.records import record_body
 from airflow_provider_babelqueue.engine.consume import (
     DEFAULT_MAX_BODY_BYTES,
@@ -315,12 +316,20 @@ def _without_dead_letter(body: bytes) -> Any:
     return value
 
 
+def kept(stored: bytes) -> bytes:
+    """The exact bytes a stored dead letter keeps: a poison wrapper's ``raw``, else the stored body."""
+    wrapper = poison_wrapper(stored)
+    return stored if wrapper is None else wrapper.raw
+
+
 def is_dead_letter_of(stored: bytes, delivered: bytes, reason: str) -> bool:
-    """Whether a DLQ body is the dead letter of ``delivered``: the same bytes (poison, or a body that cannot be
-    re-encoded), or the same envelope plus a ``dead_letter`` block with ``reason``, whose ``attempts`` is also the
-    top-level one (a delivered ``attempts`` that is not a non-negative integer is kept as evidence instead)."""
-    if stored == delivered:
-        return True
+    """Whether a DLQ body is the dead letter of ``delivered``: a poison wrapper of the same bytes with ``reason``
+    (poison, or a body that cannot be re-encoded), or the same envelope plus a ``dead_letter`` block with
+    ``reason``, whose ``attempts`` is also the top-level one (a delivered ``attempts`` that is not a non-negative
+    integer is kept as evidence instead)."""
+    wrapper = poison_wrapper(stored)
+    if wrapper is not None:
+        return wrapper.raw == delivered and wrapper.reason == reason
     try:
         annotated, original = bq.decode(stored, exact=True), bq.decode(delivered, exact=True)
         block = annotated.get("dead_letter")
@@ -379,7 +388,7 @@ def exercise(binding: Binding, bodies: list[bytes], drain_dir: Path, limits: dic
         match = next((i for i, body in enumerate(unmatched) if is_dead_letter_of(body, delivered, reason)), None)
         assert match is not None, f"no DLQ entry for {delivered[:80]!r} ({reason})"
         if reason == bq.Reason.POISON:
-            assert unmatched[match] == delivered, "a poison body was altered in the DLQ"
+            assert kept(unmatched[match]) == delivered, "a poison body was altered in the DLQ"
         unmatched.pop(match)
 
     # the drain: a browse copy and then a move, both byte-exact, and the move empties the DLQ
@@ -462,8 +471,12 @@ def consume(binding: Binding, bodies: list[bytes], **options: Any) -> tuple[str,
 
 
 def dlq_and_drain(binding: Binding, queue: str, tmp_path: Path) -> tuple[list[bytes], list[bytes]]:
+    """The exact bytes each dead letter keeps, as browsed and as move-drained (the stored bodies, poison wrappers
+    included, are the same on both paths)."""
     stored = [message.body for message in binding.browse_dead_letters(queue, limit=100)]
-    return stored, drain_bodies(binding, queue, tmp_path / f"{queue}.jsonl", "move")
+    drained = drain_bodies(binding, queue, tmp_path / f"{queue}.jsonl", "move")
+    assert drained == stored
+    return [kept(body) for body in stored], [kept(body) for body in drained]
 
 
 def test_body_size_limit_at_and_one_over_the_limit(binding: Binding, tmp_path: Path) -> None:
@@ -555,8 +568,11 @@ def test_a_failing_body_that_cannot_be_re_encoded_is_dead_lettered_not_retried_f
     summary = Consumer(spy, queue, {FAIL_URN: _fail}, max_attempts=5, backoff=NO_WAIT, log=QUIET,
                        max_nesting_depth=None).run(max_messages=20, reserve_timeout=0)
     assert summary.received == 1 and summary.retried == 0 and dict(summary.dead_lettered) == {"failed": 1}
-    [(stored, reason, error)] = spy.dead
-    assert stored == body and reason == "failed"
+    [(delivered, reason, error)] = spy.dead
+    assert delivered == body and reason == "failed"
+    [dead] = binding.browse_dead_letters(queue)
+    wrapper = poison_wrapper(dead.body)  # not re-encodable: the bytes in a wrapper that keeps the reason
+    assert wrapper is not None and wrapper.raw == body and wrapper.reason == "failed"
     assert error.startswith("handler refused") and "cannot be re-encoded with a higher attempts count" in error
     assert binding.depth(queue) == 0 and binding.dead_letter_depth(queue) == 1
 
@@ -594,7 +610,7 @@ def test_the_operator_passes_its_limits_to_the_consumer(monkeypatch: pytest.Monk
     summary = op.execute({})
     assert summary["handled"] == 2 and summary["dead_lettered"] == {"poison": 2}
     drained = binding.reserve_dead_letters(queue, limit=10)
-    assert sorted(len(m.body) for m in drained) == sorted([401, len(nested_body(5))])
+    assert sorted(len(kept(m.body)) for m in drained) == sorted([401, len(nested_body(5))])
     binding.ack_many(drained)
 
 
