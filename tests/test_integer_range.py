@@ -29,6 +29,7 @@ from airflow_provider_babelqueue.core.integers import (
     may_hold_wide_integer,
     out_of_range_integer,
 )
+from airflow_provider_babelqueue.core.peer import poison_wrapper
 from airflow_provider_babelqueue.engine.consume import Consumer
 from airflow_provider_babelqueue.engine.replay import Item, Replayer
 from tests.conftest import ROOT
@@ -120,8 +121,9 @@ def test_nodes_rounded_int64_max_is_poison_for_the_consumer_with_its_bytes_kept(
     summary = Consumer(binding, "orders", {URN: handled.append}, log=QUIET).run(reserve_timeout=0)
     assert handled == [] and dict(summary.dead_lettered) == {"poison": 1}
     [dead] = binding.browse_dead_letters("orders")
-    assert dead.body == raw and dead.envelope is None
-    assert dead.decode_error == (
+    wrapper = poison_wrapper(dead.body)  # the exact bytes, with the reason and the decode error beside them
+    assert wrapper is not None and wrapper.raw == raw and wrapper.reason == "poison"
+    assert wrapper.dead_letter["error"] == (
         f"integer 9223372036854776000 is outside the signed 64-bit range the contract allows {RANGE}")
 
 

@@ -28,6 +28,7 @@ import pytest
 
 from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.bindings.base import Binding
+from airflow_provider_babelqueue.core.peer import poison_wrapper
 from airflow_provider_babelqueue.core.records import record_body
 from airflow_provider_babelqueue.engine.checks import dead_letter_status
 from airflow_provider_babelqueue.engine.consume import Consumer
@@ -211,8 +212,9 @@ def test_an_integer_beyond_64_bits_is_quarantined_with_its_bytes(broker: Broker,
     summary = Consumer(broker.binding, data["queue"], {inner(data["raw"])["job"]: seen.append}).run(max_messages=1)
     assert seen == [] and summary.dead_lettered == {"poison": 1}, summary.as_dict()
     [stored] = broker.binding.browse_dead_letters(data["queue"], 10)
-    assert stored.body == data["raw"]  # kept byte for byte: nothing rounded a second time
-    assert stored.decode_error is not None and "64-bit" in stored.decode_error
+    wrapper = poison_wrapper(stored.body)  # kept byte for byte: nothing rounded a second time
+    assert wrapper is not None and wrapper.raw == data["raw"] and wrapper.reason == "poison"
+    assert "64-bit" in wrapper.dead_letter["error"]
 
 
 @cases("delayed")
