@@ -276,8 +276,9 @@ def dead_letter_view(
 
     A body that already has a ``dead_letter`` block is returned byte for byte; an envelope gets the block from
     the stored fields; anything else (an envelope stored as ``poison``, refused by a consumer limit; one that
-    cannot be re-encoded; bytes that are no envelope) becomes the poison wrapper of its exact bytes (:func:`~...core.peer.wrap_raw`). A replay skips both poison forms, so what a refused body claims
-    (its own ``meta.queue``) is never followed.
+    cannot be re-encoded; bytes that are no envelope) becomes the poison wrapper of its exact bytes
+    (:func:`~...core.peer.wrap_raw`). A replay skips both poison forms, so what a refused body claims (its own
+    ``meta.queue``) is never followed.
 
     :param envelope: ``body`` decoded (``parse_body``), or ``None`` when it is not an envelope.
     """
