@@ -144,3 +144,24 @@ def test_validation_and_unknown_urn_dead_letters_keep_the_delivery_attempts() ->
     # an invalid attempts value is the evidence of the quarantine: kept as it was
     assert (bad["attempts"], bad["dead_letter"]["attempts"], bad["dead_letter"]["reason"]) == (
         -1, 0, "invalid_attempts")
+
+
+def test_a_lone_surrogate_in_a_handler_error_reaches_no_log_or_dead_letter(caplog: pytest.LogCaptureFixture) -> None:
+    """``RuntimeError("\\ud800")`` would make every UTF-8 log handler (Airflow's task log, pytest-xdist's report)
+    fail to write the retry and dead-letter lines: the consumer logs and stores the text with U+FFFD instead."""
+    binding = MemoryBinding()
+    binding.publish(bq.encode(bq.make_envelope("urn:x", {}, queue_name="q")), "q")
+
+    def handler(envelope: dict[str, Any]) -> None:
+        raise RuntimeError("bad \ud800 text")
+
+    with caplog.at_level(logging.INFO, logger="tests.surrogate"):
+        summary = Consumer(binding, "q", {"urn:x": handler}, max_attempts=2, backoff=Backoff("fixed", 0.0),
+                           log=logging.getLogger("tests.surrogate")).run(reserve_timeout=0)
+    assert summary.retried == 1 and dict(summary.dead_lettered) == {"failed": 1}
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 2 and all("bad \ufffd text" in text for text in messages)
+    for text in messages:
+        text.encode("utf-8")  # raises on a lone surrogate
+    [dead] = binding.browse_dead_letters("q")
+    assert dead.envelope is not None and dead.envelope["dead_letter"]["error"] == "bad \ufffd text"

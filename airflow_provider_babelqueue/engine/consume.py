@@ -251,7 +251,8 @@ class Consumer:
         return f"dead_letter:{reason}"
 
     def _failed(self, message: ReceivedMessage, exc: BaseException, reason: str) -> str:
-        error = str(exc) or type(exc).__name__
+        # a lone surrogate in a handler's message would fail every UTF-8 log handler and encoder downstream
+        error = bq.storable_text(str(exc)) or type(exc).__name__
         if message.attempts + 1 >= self.max_attempts:
             return self._dead_letter(message, reason, error, exception_name(exc), 1)
         if not _attempt_countable(message):
@@ -259,7 +260,7 @@ class Consumer:
         delay = self.backoff.delay(message.attempts, self.rng)
         self.binding.release(message, delay=delay)
         self.summary.retried += 1
-        self.log.info("retry %s in %.1fs after %s: %s", message.meta_id, delay, exception_name(exc), exc)
+        self.log.info("retry %s in %.1fs after %s: %s", message.meta_id, delay, exception_name(exc), error)
         return "retried"
 
     # ------------------------------------------------------------------------------------ process
