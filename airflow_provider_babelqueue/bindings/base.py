@@ -254,9 +254,8 @@ def dead_letter_body(
     annotated = annotated_body(message, reason, error=error, exception=exception)
     if annotated is not None:
         return annotated
-    return wrap_raw(message.body, str(reason), original_queue=message.queue_name,
-                    attempts=min(max(message.attempts, 0), INT64_MAX), error=bq.storable_text(error),
-                    exception=bq.storable_text(exception))
+    return dead_letter_view(message.body, None, str(reason), original_queue=message.queue_name,
+                            attempts=message.attempts, error=error, exception=exception)
 
 
 def dead_letter_view(

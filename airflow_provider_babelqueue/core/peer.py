@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from .envelope import DEAD_LETTER_KEYS, LANG, now_ms
+from .envelope import annotate_dead_letter
 
 __all__ = ["PoisonWrapper", "poison_wrapper", "wrap_raw"]
 
@@ -118,8 +118,9 @@ def wrap_raw(
         text: str | None = raw.decode("utf-8")
     except UnicodeDecodeError:
         text = None
-    values = (reason, error, exception, now_ms() if failed_at is None else failed_at, original_queue, attempts, LANG)
-    block = dict(zip(DEAD_LETTER_KEYS, values, strict=True))
+    # the block an annotated envelope gets, built by the one function that builds it
+    block = annotate_dead_letter({}, reason, original_queue=original_queue, attempts=attempts, error=error,
+                                 exception=exception, failed_at=failed_at)["dead_letter"]
     if text is not None:
         return orjson.dumps({"raw": text, "dead_letter": block})
     return orjson.dumps({"raw": base64.b64encode(raw).decode("ascii"), "raw_encoding": "base64",
