@@ -16,11 +16,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from ..spark import JOBS, is_local, job_path, recommended_conf
 from ..spark.class_archive import CLASS_ARCHIVE_ENV, archive_option, with_archive
+from .pending import carried_over, move_into, waiting_files
+from .spark_connection import check_spark_connection, submit_path
 
 __all__ = ["BabelQueueSparkTriageOperator", "package_zip"]
 
@@ -81,6 +82,12 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
     :param source_broker: triage only: record this broker name instead of each record's ``broker`` (templated).
     :param report_output: triage only: also write the report (``summary.json``, ``report.html``) into this
         folder from the same Spark application, saving the report job's start-up (templated).
+    :param pending: triage only: a folder of drain files waiting for triage (templated; local or an
+        object-storage URL). Every drain file in it is triaged with ``input``, and the summary and report say how
+        many records came from files that earlier runs left there. A pipeline that drains into this folder never
+        strands a dead letter: a triage that fails leaves the files for the next run (``operators/pending.py``).
+    :param archive_to: with ``pending``: after the job succeeded, the pending files it read are moved into this
+        folder (templated; the run's own drain folder in the sample DAGs). Before that, nothing is moved.
     :param reasons: replay_set only: ``dead_letter.reason`` values to include (templated; list or comma text).
         The policy parameters mean what the replay operator's filters of the same names mean (one rule set,
         ``engine.replay.Selection``), so a policy can move between the two without changing what it picks.
@@ -106,7 +113,7 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
     """
 
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "conn_id", "input_path", "output_path",
-                                      "source_broker", "report_output", "class_archive",
+                                      "source_broker", "report_output", "pending", "archive_to", "class_archive",
                                       *_POLICY)
     ui_color = "#fbe9d0"
 
@@ -119,6 +126,8 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
         conn_id: str = "spark_default",
         source_broker: str | None = None,
         report_output: str | None = None,
+        pending: str | None = None,
+        archive_to: str | None = None,
         reasons: Sequence[str] | str | None = None,
         urns: Sequence[str] | str | None = None,
         exception_types: Sequence[str] | str | None = None,
@@ -141,8 +150,12 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
         given = sorted(key for key, value in policy.items() if value is not None)
         if given and job != "replay_set":
             raise ValueError(f"{', '.join(given)} only apply to job='replay_set', not {job!r}")
-        if (source_broker is not None or report_output is not None) and job != "triage":
-            raise ValueError(f"source_broker and report_output only apply to job='triage', not {job!r}")
+        if any(value is not None for value in (source_broker, report_output, pending, archive_to)) and job != "triage":
+            raise ValueError(f"source_broker, report_output, pending and archive_to only apply to job='triage', "
+                             f"not {job!r}")
+        if (pending is None) != (archive_to is None):
+            raise ValueError("pending and archive_to go together: the files read from pending must be moved "
+                             "somewhere once triaged, or the next run would triage them again")
         if kwargs.get("application"):
             raise ValueError("application is set from job; do not pass it")
         env = dict(env_vars or {})
@@ -156,6 +169,9 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
         self.output_path = output
         self.source_broker = source_broker
         self.report_output = report_output
+        self.pending = pending
+        self.archive_to = archive_to
+        self._carried: list[str] = []
         self.ship_package = ship_package
         self.class_archive = class_archive
         for key, value in policy.items():
@@ -163,8 +179,7 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
 
     def job_args(self) -> list[str]:
         """The job's command-line arguments, from the (rendered) parameters."""
-        paths = self.input_path
-        inputs = [paths] if isinstance(paths, str) else [str(path) for path in paths or ()]
+        inputs = self._inputs()
         if not inputs or not all(inputs) or not self.output_path:
             raise ValueError("input and output must not be empty")
         args = ["--input", *inputs, "--output", str(self.output_path)]
@@ -172,6 +187,8 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
             args += ["--source-broker", str(self.source_broker)]
         if self.report_output:
             args += ["--report-output", str(self.report_output)]
+        if self._carried:
+            args += ["--carried-over", ",".join(path.rstrip("/").rsplit("/", 1)[-1] for path in self._carried)]
         for key in _POLICY:
             value = getattr(self, key)
             if value is None or value == "":
@@ -185,23 +202,32 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
                 args += [flag, str(value)]
         return args
 
-    def _master(self) -> str | None:
-        """The connection's Spark master (as the Spark hook reads it: the host, e.g. ``local[2]``), if known."""
-        try:
-            connection = SparkSubmitHook.get_connection(self.conn_id)
-        except Exception:  # noqa: BLE001 - a missing connection is the Spark hook's error to report, not ours
-            return None
-        return connection.host
+    def _inputs(self) -> list[str]:
+        paths = self.input_path
+        return [paths] if isinstance(paths, str) else [str(path) for path in paths or ()]
 
     def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override] # the job's summary, for XCom
         self._conn_id = self.conn_id
+        # before any work: a missing or unusable connection fails here, naming it and how to define it
+        os.environ["PATH"] = submit_path()  # the venv's spark-submit, for a worker started without it on PATH
+        target = check_spark_connection(self.conn_id, {**os.environ, **(self.env_vars or {})}, self._spark_binary)
+        self.log.info("Spark connection %r: master %s, %s", self.conn_id, target.master, target.binary)
+        waiting: list[str] = []
+        if self.pending:
+            waiting = waiting_files(str(self.pending))
+            given = self._inputs()
+            self._carried = carried_over(waiting, given)
+            self.input_path = [*given, *self._carried]
+            if self._carried:
+                self.log.info("%d drain file(s) left pending by earlier runs are triaged with this run's: %s",
+                              len(self._carried), ", ".join(self._carried))
         archive = self.class_archive or os.environ.get(CLASS_ARCHIVE_ENV) or None
         if archive and archive_option(archive) is None:
             self.log.info("class archive %s does not exist; running without it (build it with `python -m "
                           "airflow_provider_babelqueue.spark.class_archive %s` on this worker)", archive, archive)
         if self.conf is None or isinstance(self.conf, dict):
             # rendered by now: the recommended settings under the user's own, before the hook copies them
-            master, mine = self._master(), self.conf
+            master, mine = target.master, self.conf
             if self._driver_memory:
                 # spark-submit's --driver-memory wins over spark.driver.memory, and the recommended initial heap
                 # (-Xms) must not exceed it
@@ -225,4 +251,9 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
             if self.report_output:
                 report = str(self.report_output).rstrip("/")
                 result |= {"report_summary": f"{report}/summary.json", "report": f"{report}/report.html"}
+            if self.pending:
+                result["carried_over"] = self._carried
+                result["archived"] = move_into(waiting, str(self.archive_to))
+                self.log.info("moved %d triaged drain file(s) from %s into %s", len(waiting), self.pending,
+                              self.archive_to)
         return result

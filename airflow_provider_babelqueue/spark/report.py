@@ -70,7 +70,8 @@ def _top(groups: DataFrame, n: int, ties: Sequence[str]) -> Column:
 UNREADABLE_CAUSES = ("torn", "too_large", "unknown_version")
 
 
-def summarize(rows: DataFrame, input_path: str = "", unreadable: Mapping[str, int] | None = None) -> dict[str, Any]:
+def summarize(rows: DataFrame, input_path: str = "", unreadable: Mapping[str, int] | None = None,
+              carried_over: Mapping[str, int] | None = None) -> dict[str, Any]:
     """The report's numbers, from triage rows (see docs/spark.md for the layout of ``summary.json``).
 
     Three Spark queries, run at once, each reading only the columns it needs straight from the input (Parquet
@@ -91,6 +92,9 @@ def summarize(rows: DataFrame, input_path: str = "", unreadable: Mapping[str, in
     :param unreadable: the input lines triage could not read, per cause (its summary's ``unreadable_by_cause``):
         ``totals.records`` counts them with the triaged records, ``totals.unreadable`` and ``unreadable_by_cause``
         name them. None: zero.
+    :param carried_over: ``{"files", "records"}``: the drain files of earlier runs whose triage had not finished,
+        and the input lines read from them (triage's summary's ``carried_over``); kept as ``carried_over``.
+        None: zero.
     """
     keys = ("reason", "lang", "h", "bucket")
     hour = F.floor(F.col("failed_at") / HOUR_MS) * HOUR_MS
@@ -160,17 +164,21 @@ def summarize(rows: DataFrame, input_path: str = "", unreadable: Mapping[str, in
     totals["duplicates_removed"] = records_read - dead_letters
     totals["unreadable"] = sum(lost.values())
     return {
-        "version": 1, "input": input_path, "totals": totals, "unreadable_by_cause": lost, "by_reason": by_reason,
+        "version": 1, "input": input_path, "totals": totals, "unreadable_by_cause": lost,
+        "carried_over": {"files": int((carried_over or {}).get("files") or 0),
+                         "records": int((carried_over or {}).get("records") or 0)},
+        "by_reason": by_reason,
         "by_reason_urn_queue": by_group, "top_fingerprints": top, "hourly": hourly, "age_buckets": age_buckets,
         "by_lang": dict(sorted(langs.items())),
     }
 
 
 def write_report(spark: SparkSession, rows: DataFrame, input_path: str, output: str,
-                 unreadable: Mapping[str, int] | None = None) -> dict[str, Any]:
-    """Summarize triage rows and write ``<output>/summary.json`` and ``<output>/report.html`` (``unreadable``: see
-    :func:`summarize`)."""
-    summary = summarize(rows, input_path, unreadable)
+                 unreadable: Mapping[str, int] | None = None,
+                 carried_over: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """Summarize triage rows and write ``<output>/summary.json`` and ``<output>/report.html`` (``unreadable``,
+    ``carried_over``: see :func:`summarize`)."""
+    summary = summarize(rows, input_path, unreadable, carried_over)
     text = json.dumps(summary, indent=2, ensure_ascii=False) + "\n"
     write_text(spark, join_url(output, "summary.json"), text)
     write_text(spark, join_url(output, "report.html"), render_report(summary))

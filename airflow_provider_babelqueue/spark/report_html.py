@@ -169,6 +169,10 @@ def render_report(summary: dict[str, Any]) -> str:
         causes = ", ".join(f"{_text(cause)} {_num(count)}" for cause, count in
                            sorted((summary.get("unreadable_by_cause") or {}).items()) if count)
         span += f'; <strong class="alert">{_num(unreadable)} unreadable</strong> ({causes})'
+    carried = summary.get("carried_over") or {}
+    if carried.get("files"):  # drain files an earlier run left for triage: say so, they are not today's
+        span += (f"; {_num(int(carried.get('records') or 0))} of the drain records come from "
+                 f"{_num(int(carried['files']))} file(s) left by earlier runs whose triage did not finish")
     data = script_json(summary)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">

@@ -509,6 +509,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--report-output", default=None,
                         help="also write report.py's summary.json and report.html here, in the same Spark "
                              "application (saves a second start-up)")
+    parser.add_argument("--carried-over", default="",
+                        help="comma-separated names of input files drained by earlier runs whose triage did not "
+                             "finish; the summary and the report say how many records came from them")
     parser.add_argument("--partitions", type=int, default=0,
                         help="output partitions before the write (0 = Spark's default)")
     args = parser.parse_args(argv)
@@ -516,21 +519,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # the unreadable lines are counted as the write reads them (an observation: no second read of the input)
         observed = Observation("babelqueue-triage-lines")
+        carried = sorted({name.strip() for name in args.carried_over.split(",") if name.strip()})
         all_lines = read_lines(spark, args.input)
         lines = all_lines.observe(
-            observed, *[F.count_if(F.col("unreadable") == cause).alias(cause) for cause in UNREADABLE_CAUSES])
+            observed, *[F.count_if(F.col("unreadable") == cause).alias(cause) for cause in UNREADABLE_CAUSES],
+            F.count_if(_from_files(carried)).alias(_CARRIED))
         records = lines.where(F.col("unreadable").isNull()).drop("unreadable")
         rows = triage(records, args.source_broker)
         if args.partitions > 0:
             rows = rows.repartition(args.partitions, "reason")
         rows.write.mode("overwrite").options(**parquet_options()).partitionBy("reason").parquet(args.output)
-        unreadable = _unreadable_counts(observed, all_lines)
+        unreadable, carried_records = _line_counts(observed, all_lines, carried)
+        carried_over = {"files": len(carried), "records": carried_records}
         written = spark.read.schema(rows.schema).parquet(args.output)
         if args.report_output:
             # the report counts rows and copies by reason anyway: its numbers save a job of our own
             from airflow_provider_babelqueue.spark.report import write_report
 
-            report = write_report(spark, written, args.output, args.report_output, unreadable)
+            report = write_report(spark, written, args.output, args.report_output, unreadable, carried_over)
             by_reason = report["by_reason"]
             records_read = report["totals"]["records"] - report["totals"]["unreadable"]
         else:
@@ -539,7 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for row in sorted(counts.collect(), key=lambda r: r["reason"]):
                 by_reason[row["reason"]] = row["n"]
                 records_read += int(row["copies"])
-        summary = run_summary(args.output, records_read, by_reason, unreadable)
+        summary = run_summary(args.output, records_read, by_reason, unreadable) | {"carried_over": carried_over}
         if args.report_output:
             summary["report"] = join_url(args.report_output, "report.html")
         # Files whose names start with "_" are invisible to Parquet readers and to the replay-set reader.
@@ -552,17 +558,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop_spark(spark)
 
 
-def _unreadable_counts(observed: Observation, lines: DataFrame) -> dict[str, int]:
-    """The unreadable lines per cause, as the write observed them. When it wrote nothing at all (every line
-    unreadable), Spark may have no observation to give: then they are counted by a query of their own."""
+_CARRIED = "carried_over"
+
+
+def _from_files(names: Sequence[str]) -> Column:
+    """True for a line read from one of the files ``names`` (file names, compared with the last segment of each
+    line's ``input_file``, so a local path and its ``file:`` URL match alike)."""
+    if not names:
+        return F.lit(False)
+    return F.element_at(F.split(F.col("input_file"), "/"), -1).isin(list(names))
+
+
+def _line_counts(observed: Observation, lines: DataFrame, carried: Sequence[str]) -> tuple[dict[str, int], int]:
+    """The unreadable lines per cause and the lines read from the ``carried`` files, as the write observed them.
+    When it wrote nothing at all (every line unreadable), Spark may have no observation to give: then they are
+    counted by a query of their own."""
     try:
         metrics = observed.get
     except Exception:  # noqa: BLE001 - py4j's error for "no metrics" (an assertion in the JVM)
         metrics = {}
-    if all(cause in metrics for cause in UNREADABLE_CAUSES):
-        return {cause: int(metrics[cause] or 0) for cause in UNREADABLE_CAUSES}
+    if all(name in metrics for name in (*UNREADABLE_CAUSES, _CARRIED)):
+        return {cause: int(metrics[cause] or 0) for cause in UNREADABLE_CAUSES}, int(metrics[_CARRIED] or 0)
     counts: dict[str, int] = dict(lines.where(F.col("unreadable").isNotNull()).groupBy("unreadable").count().collect())
-    return {cause: int(counts.get(cause, 0)) for cause in UNREADABLE_CAUSES}
+    carried_lines = lines.where(_from_files(carried)).count() if carried else 0
+    return {cause: int(counts.get(cause, 0)) for cause in UNREADABLE_CAUSES}, carried_lines
 
 
 def run_summary(output: str, records_read: int, by_reason: dict[str, int], unreadable: dict[str, int]

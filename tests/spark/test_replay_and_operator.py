@@ -105,6 +105,11 @@ def test_operator_builds_the_job_command() -> None:
     triage = BabelQueueSparkTriageOperator(task_id="t2", job="triage", input="in", output="o", source_broker="redis",
                                            report_output="r", env_vars={"PYSPARK_PYTHON": "python3"})
     assert triage.job_args() == ["--input", "in", "--output", "o", "--source-broker", "redis", "--report-output", "r"]
+    with pytest.raises(ValueError, match="pending and archive_to go together"):
+        BabelQueueSparkTriageOperator(task_id="t5", job="triage", input="i", output="o", pending="p")
+    with pytest.raises(ValueError, match="only apply to job='triage'"):
+        BabelQueueSparkTriageOperator(task_id="t6", job="replay_set", input="i", output="o", pending="p",
+                                      archive_to="a")
     assert triage.env_vars == {"PYSPARK_PYTHON": "python3"}
     with pytest.raises(ValueError, match="only apply to job='replay_set'"):
         BabelQueueSparkTriageOperator(task_id="t3", job="report", input="i", output="o", reasons=["failed"])
@@ -121,6 +126,7 @@ def test_operator_submits_the_recommended_conf_under_the_users_own(monkeypatch: 
     monkeypatch.setattr(SparkSubmitOperator, "execute", lambda self, context: submitted.append(dict(self.conf)))
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_LOCAL_CONF", json.dumps({"conn_type": "spark", "host": "local[2]"}))
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_YARN_CONF", json.dumps({"conn_type": "spark", "host": "yarn"}))
+    monkeypatch.setenv("HADOOP_CONF_DIR", "/etc/hadoop/conf")  # the connection check wants YARN's configuration
     monkeypatch.delenv(CLASS_ARCHIVE_ENV, raising=False)
     BabelQueueSparkTriageOperator(task_id="l", job="report", input="i", output="o", conn_id="spark_local_conf",
                                   conf={"spark.driver.memory": "2g"}).execute(context={})
@@ -151,6 +157,7 @@ def test_operator_reads_the_workers_class_archive_unless_given_one(monkeypatch: 
         BabelQueueSparkTriageOperator(task_id="t", job="report", input="i", output="o", conn_id="spark_local_cds",
                                       class_archive=archive).execute(context={})
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_YARN_CDS", json.dumps({"conn_type": "spark", "host": "yarn"}))
+    monkeypatch.setenv("HADOOP_CONF_DIR", "/etc/hadoop/conf")  # the connection check wants YARN's configuration
     BabelQueueSparkTriageOperator(task_id="t", job="report", input="i", output="o", conn_id="spark_yarn_cds",
                                   class_archive=str(own)).execute(context={})
     local = LOCAL_CONF["spark.driver.extraJavaOptions"]
