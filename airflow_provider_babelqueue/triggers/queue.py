@@ -139,17 +139,21 @@ def _depth(
 class BabelQueueDeadLetterTrigger(BaseEventTrigger):
     """Fires when dead letters arrive; usable by a deferred sensor and by ``AssetWatcher``.
 
-    By default (``since_start=True``) only dead letters that arrive after the trigger started count: the
-    first observation is the baseline, and after each event the baseline moves to the depth it reported.
-    That is what an event-driven DAG needs: a restarted trigger does not fire again for an old backlog.
-    It keeps polling after an event, so one watcher reports every later arrival too.
+    By default (``since_start=False``) it fires as soon as the DLQ holds ``min_count`` dead letters, including
+    a backlog that was waiting when it started: a watcher started after a pause, a deploy or a triggerer restart
+    starts a run for what is there, not only for what arrives next. After each event the baseline moves to the
+    depth it reported, so the same dead letters do not fire twice while it runs; a restarted trigger may fire
+    once more for dead letters still waiting, which a pipeline that drains and deduplicates by ``meta.id``
+    absorbs. ``since_start=True`` takes the first observation as the baseline instead and counts only arrivals
+    after it (an old backlog never fires). It keeps polling after an event, so one watcher reports every later
+    arrival too.
 
     :param queue_name: the logical queue whose DLQ is watched.
     :param babelqueue_conn_id: the BabelQueue connection; the triggerer resolves it, never the DAG parser.
     :param min_count: how many (new) dead letters make an event.
     :param baseline: an explicit starting depth (the deferrable sensor passes the one it measured).
-    :param since_start: without a baseline, take the first observation as the baseline; ``False`` fires as
-        soon as the DLQ holds ``min_count`` messages.
+    :param since_start: without a baseline, take the first observation as the baseline (count only arrivals
+        after the start); ``False`` (default) fires as soon as the DLQ holds ``min_count`` messages.
     :param reasons: only dead letters with one of these ``dead_letter.reason`` values count (needs a broker
         that can browse its DLQ).
     :param urns: only dead letters with one of these URNs count (same condition).
@@ -164,7 +168,7 @@ class BabelQueueDeadLetterTrigger(BaseEventTrigger):
         babelqueue_conn_id: str = DEFAULT_CONN_ID,
         min_count: int = 1,
         baseline: int | None = None,
-        since_start: bool = True,
+        since_start: bool = False,
         reasons: Sequence[str] | None = None,
         urns: Sequence[str] | None = None,
         sample_size: int = 5,

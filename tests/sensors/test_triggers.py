@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import json
 import time
@@ -116,9 +117,9 @@ def test_dead_letter_trigger_reports_each_arrival_after_start(redis_conn: str) -
         binding.dead_letter(message, reason)
         return message.meta_id
 
-    old = dead_letter("failed")  # a backlog that must not fire an event
+    old = dead_letter("failed")  # a backlog that must not fire an event with since_start=True
     trigger = BabelQueueDeadLetterTrigger(
-        queue_name=queue, babelqueue_conn_id=redis_conn, poll_interval=0.1, sample_size=10
+        queue_name=queue, babelqueue_conn_id=redis_conn, poll_interval=0.1, sample_size=10, since_start=True
     )
 
     async def scenario() -> list[dict]:
@@ -141,6 +142,38 @@ def test_dead_letter_trigger_reports_each_arrival_after_start(redis_conn: str) -
     assert [e["meta_id"] for e in first["sample"]] == [old, first["id"]]
     assert (second["new"], second["depth"]) == (1, 3)
     assert first["queue_name"] == queue and first["babelqueue_conn_id"] == redis_conn
+
+
+def test_dead_letter_trigger_fires_for_a_waiting_backlog_by_default(redis_conn: str) -> None:
+    """The default watches the level, not only arrivals: what waits when the watcher starts fires at once, the
+    same dead letters do not fire again while it runs, and a restarted trigger fires once more for them."""
+    queue = f"trig-{uuid.uuid4().hex[:8]}"
+    hook = get_hook(redis_conn)
+    binding = hook.get_binding()
+    for _ in range(2):
+        binding.publish(bq.encode(bq.make_envelope("urn:babel:orders:created", {}, queue_name=queue)), queue)
+        binding.dead_letter(binding.reserve(queue, timeout=1), "failed")
+
+    async def first_event_then_quiet() -> tuple[dict, bool]:
+        events = BabelQueueDeadLetterTrigger(queue_name=queue, babelqueue_conn_id=redis_conn, poll_interval=0.1).run()
+        first = await asyncio.wait_for(anext(events), timeout=10)
+        again = asyncio.ensure_future(anext(events))
+        await asyncio.sleep(0.6)  # six more polls of an unchanged DLQ
+        quiet = not again.done()
+        again.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await again
+        await events.aclose()
+        return first.payload, quiet
+
+    try:
+        first, quiet = asyncio.run(first_event_then_quiet())
+        restarted, _ = asyncio.run(first_event_then_quiet())
+    finally:
+        hook.close()
+    assert (first["status"], first["new"], first["depth"]) == ("success", 2, 2)
+    assert quiet, "the same backlog fired twice within one trigger's run"
+    assert (restarted["new"], restarted["depth"]) == (2, 2)
 
 
 def test_trigger_errors_become_error_events(monkeypatch: pytest.MonkeyPatch) -> None:
