@@ -15,7 +15,8 @@ from typing import Any
 
 from .engine.drain.sinks import safe_segment
 
-__all__ = ["FOLDERS", "default_output_root", "read_json", "run_workspace", "summary_table"]
+__all__ = ["FOLDERS", "default_output_root", "read_json", "run_workspace", "shared_storage_warning",
+           "summary_table"]
 
 #: The sub-folders of a run's workspace, in pipeline order.
 FOLDERS = ("drain", "triage", "report", "replay_set")
@@ -32,7 +33,10 @@ def _is_url(path: str) -> bool:
 
 
 def run_workspace(output_root: str | None, dag_id: str, run_id: str) -> dict[str, str]:
-    """The folders of one run: ``<output_root>/<dag_id>/<run id made path-safe>/{drain,triage,report,replay_set}``.
+    """The folders of one run: ``<output_root>/<dag_id>/<run id made path-safe>/{drain,triage,report,replay_set}``,
+    and the DAG's ``pending`` folder, ``<output_root>/<dag_id>/_pending``: drains write there, and a triage that
+    succeeded moves the files it read into the run's ``drain`` folder (``operators/pending.py``), so a dead letter
+    that left the broker is always where the next run's triage looks.
 
     :param output_root: a local folder or an object-storage / Hadoop URL (``s3://...``); blank means
         :func:`default_output_root`. A relative local path is made absolute, because spark-submit may run in
@@ -44,8 +48,36 @@ def run_workspace(output_root: str | None, dag_id: str, run_id: str) -> dict[str
         root = root[len("file://"):]
     if not _is_url(root):
         root = str(Path(root).expanduser().resolve())
-    base = f"{root.rstrip('/')}/{safe_segment(dag_id)}/{safe_segment(run_id)}"
-    return {"root": base, **{folder: f"{base}/{folder}" for folder in FOLDERS}}
+    dag_folder = f"{root.rstrip('/')}/{safe_segment(dag_id)}"
+    base = f"{dag_folder}/{safe_segment(run_id)}"
+    return {"root": base, **{folder: f"{base}/{folder}" for folder in FOLDERS}, "pending": f"{dag_folder}/_pending"}
+
+
+#: Executors that run every task on the machine that runs the scheduler, where a local output root is shared.
+_LOCAL_EXECUTORS = frozenset({"LocalExecutor", "SequentialExecutor", "DebugExecutor"})
+
+
+def shared_storage_warning(root: str, executors: str) -> str | None:
+    """A warning for the task log when ``root`` is a local folder but tasks may run on several machines.
+
+    The drain file, the triage output, the report and the pending folder must be reachable from every worker
+    (and from the api-server that serves the report): with a remote executor, a local output root leaves each
+    worker its own copy. None when the root is an object-storage URL or every executor is local.
+
+    :param root: the output root or any folder under it.
+    :param executors: Airflow's ``[core] executor`` setting (a comma-separated list; entries may be
+        ``alias:module.Class``).
+    """
+    if _is_url(root.strip()):
+        return None
+    names = [entry.strip().rsplit(":", 1)[-1].rsplit(".", 1)[-1] for entry in executors.split(",") if entry.strip()]
+    remote = [name for name in names if name not in _LOCAL_EXECUTORS]
+    if not remote:
+        return None
+    return (f"the output root {root} is a folder on this worker, but the {', '.join(remote)} may run this DAG's "
+            "tasks on other machines, which would not see its files (the pending drain files, the triage output, "
+            "the report). Give output_root an object-storage URL (s3://..., gs://..., abfs://...) or a folder "
+            "every worker and the api-server share (docs/dags.md).")
 
 
 def read_json(path: str) -> Any:

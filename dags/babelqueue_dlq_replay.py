@@ -20,8 +20,9 @@ PARAMS = {
     "source_conn_id": Param("babelqueue_default", type="string", description="the connection holding the DLQ"),
     "queue_name": Param("orders", type=["null", "string"],
                         description="the logical queue whose DLQ is redriven; blank when replaying a replay_set"),
-    "replay_set": Param("", type=["null", "string"],
-                        description="a JSON Lines file or folder to replay instead of a DLQ; blank = use queue_name"),
+    "replay_set": Param(None, type=["null", "string"],
+                        description="a JSON Lines file or folder to replay instead of a DLQ; null or blank = use "
+                                    "queue_name"),
     "reasons": Param([], type="array", description="only these dead_letter.reason values; empty = any"),
     "urns": Param([], type="array", description="only these URNs; empty = any"),
     "exception_types": Param([], type="array", description="only these exception types; empty = any"),

@@ -5,19 +5,24 @@ default):
 
 1. ``wait_for_dead_letters`` waits (reschedule mode) until the DLQ holds at least one message; a day with none
    ends skipped, not failed.
-2. ``drain`` moves the dead letters into one JSON Lines file (the evidence, bytes unaltered). Each message leaves
-   the DLQ only once the file holding it is on disk.
-3. ``triage`` (spark-submit) deduplicates and partitions them by reason into Parquet and writes the HTML
-   report from the same Spark application.
-4. ``replay_set`` (spark-submit) selects what the policy says is worth retrying (``replay_reasons`` and the
+2. ``check_spark`` fails the run before anything leaves the broker when the Spark connection is missing or
+   unusable, with the fix in the error.
+3. ``drain`` moves the dead letters into one JSON Lines file (the evidence, bytes unaltered) in the DAG's pending
+   folder. Each message leaves the DLQ only once the file holding it is on disk.
+4. ``triage`` (spark-submit) reads every file in the pending folder (this run's, and any an earlier run whose
+   triage failed left there), deduplicates and partitions them by reason into Parquet and writes the HTML report
+   from the same Spark application. Only then are the files moved into this run's ``drain`` folder.
+5. ``replay_set`` (spark-submit) selects what the policy says is worth retrying (``replay_reasons`` and the
    other ``replay_*`` params) and writes those dead letters' drain records, untouched, into one folder.
-5. ``gate`` logs the triage and what would be republished. With ``dry_run`` (the default) it stops there:
+6. ``gate`` logs the triage and what would be republished. With ``dry_run`` (the default) it stops there:
    nothing is republished until someone runs the DAG with ``{"dry_run": false}``.
-6. ``replay`` replays that folder: it resets each dead letter and publishes it to its original queue. The replay
+7. ``replay`` replays that folder: it resets each dead letter and publishes it to its original queue. The replay
    ledger makes a re-run publish nothing twice.
 
-Everything a run writes sits under ``<output_root>/babelqueue_dlq_triage_report/<run id>/``. Connection ids and
-queue names are params; nothing is looked up when the file is parsed.
+Everything a run writes sits under ``<output_root>/babelqueue_dlq_triage_report/<run id>/``; drain files wait in
+``<output_root>/babelqueue_dlq_triage_report/_pending/`` until a triage has read them. With workers on several
+machines, the output root must be shared storage (an object-storage URL): ``plan`` warns when it is not.
+Connection ids and queue names are params; nothing is looked up when the file is parsed.
 """
 
 from __future__ import annotations
@@ -42,8 +47,10 @@ PARAMS = {
     "babelqueue_conn_id": Param("babelqueue_default", type="string",
                                 description="the BabelQueue connection whose DLQ is triaged"),
     "queue_name": Param("orders", type="string", description="the logical queue whose dead letters are triaged"),
-    "output_root": Param("", type="string",
-                         description="folder or object-storage URL for the run's files; blank = "
+    # Optional values are nullable with a null default: the UI's trigger form counts a blank string param as
+    # missing and keeps its Trigger button disabled (docs/dags.md, tests/dags/test_trigger_form.py).
+    "output_root": Param(None, type=["null", "string"],
+                         description="folder or object-storage URL for the run's files; null or blank = "
                                      "$AIRFLOW_HOME/babelqueue/runs"),
     "spark_conn_id": Param("spark_default", type="string", description="the Spark connection for spark-submit"),
     "spark_conf": Param({"spark.sql.shuffle.partitions": "8", "spark.ui.enabled": "false"}, type="object",
@@ -79,14 +86,28 @@ with DAG(
     @task
     def plan() -> dict[str, str]:
         """The run's folders, decided when the run starts (not at parse time)."""
-        from airflow_provider_babelqueue.workspace import run_workspace
+        from airflow.configuration import conf
+
+        from airflow_provider_babelqueue.workspace import run_workspace, shared_storage_warning
 
         context = get_current_context()
         folders = run_workspace(context["params"]["output_root"], context["dag"].dag_id, context["run_id"])
-        log.info("this run's files go under %s", folders["root"])
+        log.info("this run's files go under %s; drain files wait in %s", folders["root"], folders["pending"])
+        warning = shared_storage_warning(folders["root"], conf.get("core", "executor", fallback=""))
+        if warning:
+            log.warning("%s", warning)
         return folders
 
     folders = plan()
+
+    @task
+    def check_spark() -> str:
+        """Fail before the drain when spark-submit could not run, so no dead letter leaves the broker for nothing."""
+        from airflow_provider_babelqueue.operators.spark_connection import check_spark_connection
+
+        target = check_spark_connection(get_current_context()["params"]["spark_conn_id"])
+        log.info("Spark connection %s: master %s, %s", target.conn_id, target.master, target.binary)
+        return target.master
 
     # --8<-- [start:sensor_dead_letters]
     wait_for_dead_letters = BabelQueueDeadLetterSensor(
@@ -106,7 +127,7 @@ with DAG(
         task_id="drain",
         babelqueue_conn_id="{{ params.babelqueue_conn_id }}",
         queue_name="{{ params.queue_name }}",
-        destination=folders["drain"],
+        destination=folders["pending"],
         mode="move",
     )
     # --8<-- [end:operator_drain]
@@ -120,6 +141,8 @@ with DAG(
         input="{{ ti.xcom_pull(task_ids='drain')['path'] }}",
         output=folders["triage"],
         report_output=folders["report"],
+        pending=folders["pending"],  # with files earlier runs left there, if their triage failed
+        archive_to=folders["drain"],  # where the files it read go once it succeeded
     )
     # --8<-- [end:operator_spark_triage]
 
@@ -173,5 +196,5 @@ with DAG(
     )
     # --8<-- [end:operator_replay_set]
 
-    wait_for_dead_letters >> drain >> triage
+    wait_for_dead_letters >> check_spark() >> drain >> triage
     triage >> replay_set

@@ -3,7 +3,13 @@
 The DAG is scheduled on an asset whose ``AssetWatcher`` runs ``BabelQueueDeadLetterTrigger`` in the triggerer:
 the trigger polls the DLQ's depth without holding a worker slot and fires an asset event (with the new dead
 letters' ids and reasons) when messages arrive. The run then moves the dead letters into a JSON Lines file and
-runs the Spark triage with its HTML report.
+runs the Spark triage with its HTML report. Dead letters already waiting when the watcher starts (after a pause,
+a deploy or a triggerer restart) start a run too (``since_start=False``); a restart may so start one run more,
+which is harmless: the run drains what is there and triage drops duplicates by ``meta.id``.
+
+As in ``babelqueue_dlq_triage_report``, the Spark connection is checked before the drain, and the drain writes
+into the DAG's pending folder, which the triage reads whole and empties only when it succeeded: a failed triage
+leaves its dead letters to the next run.
 
 The watched connection and queue are fixed when the DAG is parsed (an asset's watcher is part of the schedule),
 so they are the constants below; change them for your queue. The trigger only connects in the triggerer, never
@@ -34,7 +40,8 @@ dead_letters = Asset(
         AssetWatcher(
             name=f"{WATCHED_QUEUE}_dead_letters",
             trigger=BabelQueueDeadLetterTrigger(
-                babelqueue_conn_id=WATCHED_CONN_ID, queue_name=WATCHED_QUEUE, poll_interval=30
+                babelqueue_conn_id=WATCHED_CONN_ID, queue_name=WATCHED_QUEUE, poll_interval=30,
+                since_start=False,  # a backlog waiting when the watcher starts fires too
             ),
         )
     ],
@@ -44,8 +51,8 @@ dead_letters = Asset(
 PARAMS = {
     "babelqueue_conn_id": Param(WATCHED_CONN_ID, type="string", description="the connection whose DLQ is drained"),
     "queue_name": Param(WATCHED_QUEUE, type="string", description="the logical queue whose DLQ is drained"),
-    "output_root": Param("", type="string", description="folder or URL for the run's files; blank = "
-                                                         "$AIRFLOW_HOME/babelqueue/runs"),
+    "output_root": Param(None, type=["null", "string"], description="folder or URL for the run's files; null or "
+                                                                    "blank = $AIRFLOW_HOME/babelqueue/runs"),
     "spark_conn_id": Param("spark_default", type="string", description="the Spark connection for spark-submit"),
     "spark_conf": Param({"spark.sql.shuffle.partitions": "8", "spark.ui.enabled": "false"}, type="object",
                         description="extra spark-submit --conf values"),
@@ -67,7 +74,9 @@ with DAG(
     @task
     def plan(triggering_asset_events: Any = None) -> dict[str, str]:
         """Log what fired the run, and decide the run's folders."""
-        from airflow_provider_babelqueue.workspace import run_workspace
+        from airflow.configuration import conf
+
+        from airflow_provider_babelqueue.workspace import run_workspace, shared_storage_warning
 
         context = get_current_context()
         for asset, events in (triggering_asset_events or {}).items():
@@ -75,15 +84,26 @@ with DAG(
                 extra = dict(event.extra or {})
                 log.info("dead letters on %s: %s new, DLQ depth %s, sample %s", asset, extra.get("new"),
                          extra.get("depth"), extra.get("sample"))
-        return run_workspace(context["params"]["output_root"], context["dag"].dag_id, context["run_id"])
+        folders = run_workspace(context["params"]["output_root"], context["dag"].dag_id, context["run_id"])
+        warning = shared_storage_warning(folders["root"], conf.get("core", "executor", fallback=""))
+        if warning:
+            log.warning("%s", warning)
+        return folders
 
     folders = plan()
+
+    @task
+    def check_spark() -> str:
+        """Fail before the drain when spark-submit could not run, so no dead letter leaves the broker for nothing."""
+        from airflow_provider_babelqueue.operators.spark_connection import check_spark_connection
+
+        return check_spark_connection(get_current_context()["params"]["spark_conn_id"]).master
 
     drain = BabelQueueDrainDeadLettersOperator(
         task_id="drain",
         babelqueue_conn_id="{{ params.babelqueue_conn_id }}",
         queue_name="{{ params.queue_name }}",
-        destination=folders["drain"],
+        destination=folders["pending"],
     )
 
     triage = BabelQueueSparkTriageOperator(
@@ -94,6 +114,8 @@ with DAG(
         input="{{ ti.xcom_pull(task_ids='drain')['path'] }}",
         output=folders["triage"],
         report_output=folders["report"],
+        pending=folders["pending"],
+        archive_to=folders["drain"],
     )
 
-    drain >> triage
+    check_spark() >> drain >> triage

@@ -109,12 +109,14 @@ def spark_class_archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pa
 #: Test modules that share the session's Spark fixtures (the class archive, the one triage run): under
 #: ``make test`` (pytest-xdist, ``--dist loadfile``) one worker takes them all, so each JVM-heavy fixture is
 #: built once per run, not once per worker.
-SPARK_GROUP = ("tests/spark/", "tests/dags/test_demo.py", "tests/dags/test_sample_dags.py")
+SPARK_GROUP = ("tests/spark/", "tests/dags/test_demo.py", "tests/dags/test_sample_dags.py",
+               "tests/dags/test_triage_pending.py")
 #: The longest modules after the Spark group (tens of seconds each: real schedulers, killed children,
 #: restarted brokers), started early so that neither worker is left with one of them at the end.
 LONG_MODULES = (
     "tests/reliability/test_crashes.py",
     "tests/sensors/test_e2e_asset_watcher.py",
+    "tests/dags/test_trigger_form.py",
     "tests/reliability/test_secrets.py",
     "tests/reliability/test_outages.py",
     "tests/sensors/test_sensors.py",

@@ -14,7 +14,28 @@ def test_run_workspace_makes_run_ids_path_safe(tmp_path: Path) -> None:
     folders = run_workspace(str(tmp_path), "babelqueue_dlq_triage_report", "manual__2026-11-21T08:30:11.589+00:00")
     base = f"{tmp_path}/babelqueue_dlq_triage_report/manual__2026-11-21T08_30_11.589_00_00"
     assert folders == {"root": base, "drain": f"{base}/drain", "triage": f"{base}/triage",
-                       "report": f"{base}/report", "replay_set": f"{base}/replay_set"}
+                       "report": f"{base}/report", "replay_set": f"{base}/replay_set",
+                       "pending": f"{tmp_path}/babelqueue_dlq_triage_report/_pending"}
+
+
+@pytest.mark.parametrize(("root", "executors", "warned"), [
+    ("/data/runs", "LocalExecutor", None),
+    ("/data/runs", "airflow.executors.local_executor.LocalExecutor", None),
+    ("/data/runs", "CeleryExecutor", "CeleryExecutor"),
+    ("/data/runs", "LocalExecutor,my_k8s:airflow.providers.cncf.kubernetes.executors.KubernetesExecutor",
+     "KubernetesExecutor"),
+    ("s3://bucket/runs", "CeleryExecutor", None),
+    ("file:///data/runs", "CeleryExecutor", "CeleryExecutor"),
+])
+def test_a_local_output_root_with_remote_workers_is_warned_about(root: str, executors: str,
+                                                                 warned: str | None) -> None:
+    from airflow_provider_babelqueue.workspace import shared_storage_warning
+
+    warning = shared_storage_warning(root, executors)
+    if warned is None:
+        assert warning is None
+    else:
+        assert warning is not None and f"but the {warned} may run" in warning and "object-storage URL" in warning
 
 
 def test_run_workspace_defaults_and_urls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -24,6 +45,17 @@ def test_run_workspace_defaults_and_urls(monkeypatch: pytest.MonkeyPatch, tmp_pa
     monkeypatch.chdir(tmp_path)
     assert run_workspace("relative", "d", "r")["root"] == f"{tmp_path}/relative/d/r"  # spark may run elsewhere
     assert run_workspace(f"file://{tmp_path}/x", "d", "r")["root"] == f"{tmp_path}/x/d/r"
+
+
+def test_run_workspace_takes_null_as_the_default_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The triage DAGs' ``output_root`` param defaults to null (the UI's trigger form refuses a blank required
+    string), and the form sends null for a field left blank: both mean the default root, as ``""`` does."""
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    expected = f"{tmp_path}/babelqueue/runs/babelqueue_dlq_triage_report/scheduled__2026-01-02T00_00_00_00_00"
+    for blank in (None, "", "  "):
+        folders = run_workspace(blank, "babelqueue_dlq_triage_report", "scheduled__2026-01-02T00:00:00+00:00")
+        assert folders["root"] == expected, f"output_root={blank!r} gave {folders['root']}"
+        assert folders["drain"] == f"{expected}/drain"
 
 
 def test_summary_table_exact_text() -> None:

@@ -27,6 +27,11 @@ JOB_CONF = {
     # Triage writes its rows partitioned by reason. With a writer per reason open at once, Spark writes them as
     # they come instead of sorting every (wide) row by reason first; past 8 open files it falls back to sorting.
     "spark.sql.maxConcurrentOutputFileWriters": "8",
+    # The task log shows what spark-submit prints. At Spark's default INFO level that is ~50 lines of start-up
+    # (security managers, block managers, resource profiles) before the job says anything; from WARN on, the
+    # driver prints what needs attention and the job's own summary. The submitting client's own lines (the
+    # application id the Spark provider tracks in cluster mode) are not the driver's, so they stay.
+    "spark.log.level": "WARN",
 }
 
 #: Extra settings for local mode (a ``local``/``local[N]`` master: one JVM on a small machine, as in the

@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parents[2]
 DAGS = ROOT / "dags"
 VENV_BIN = str(Path(sys.executable).parent)
 SAMPLE_DAGS = {
-    "babelqueue_dlq_triage_report": ["drain", "gate", "plan", "replay", "replay_set", "triage",
+    "babelqueue_dlq_triage_report": ["check_spark", "drain", "gate", "plan", "replay", "replay_set", "triage",
                                      "wait_for_dead_letters"],
     "babelqueue_dlq_replay": ["replay"],
-    "babelqueue_event_triggered_triage": ["drain", "plan", "triage"],
+    "babelqueue_event_triggered_triage": ["check_spark", "drain", "plan", "triage"],
     "babelqueue_publish_example": ["publish_lines", "publish_order", "start_trace"],
     "babelqueue_consume_example": ["consume_orders"],
 }
@@ -150,6 +150,15 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
+def drain_file(run: Any) -> str:
+    """Where the run's drain file is after its triage succeeded: moved from the pending folder into the run's
+    ``drain`` folder (the triage's ``archived`` paths)."""
+    name = Path(xcom(run, "drain")["path"]).name
+    [path] = [path for path in xcom(run, "triage")["archived"] if Path(path).name == name]
+    assert not Path(xcom(run, "drain")["path"]).exists(), "the triaged file is still pending"
+    return str(path)
+
+
 def drained_bodies(records: list[dict[str, Any]]) -> list[bytes]:
     from airflow_provider_babelqueue.core.records import record_body
 
@@ -185,7 +194,7 @@ def test_triage_report_dag_end_to_end(bag: Any, broker: dict[str, Any]) -> None:
 
     drained = xcom(run, "drain")
     assert drained["records"] == 15 and sum(drained["by_source"].values()) == 15, drained
-    stored = drained_bodies(read_jsonl(drained["path"]))
+    stored = drained_bodies(read_jsonl(drain_file(run)))
     assert len(stored) == 15 and binding.dead_letter_depth(queue) == 0  # moved, not copied
 
     triage = json.loads(Path(xcom(run, "triage")["summary"]).read_text())
@@ -243,7 +252,7 @@ def test_triage_report_dag_triages_what_peer_workers_dead_lettered(bag: Any, bro
     states = task_states(run)
     assert states == dict.fromkeys(SAMPLE_DAGS["babelqueue_dlq_triage_report"], "success"), states
 
-    drained = read_jsonl(xcom(run, "drain")["path"])
+    drained = read_jsonl(drain_file(run))
     assert sorted(drained_bodies(drained)) == sorted(raws)
     assert {record["dead_letter_queue"] for record in drained} == {dlq}
     triage = json.loads(Path(xcom(run, "triage")["summary"]).read_text())
@@ -284,7 +293,7 @@ def test_event_triggered_triage_dag_end_to_end(bag: Any, broker: dict[str, Any])
     run = run_dag(bag.get_dag("babelqueue_event_triggered_triage"), run_conf={
         "babelqueue_conn_id": broker["conn_id"], "queue_name": queue, "output_root": broker["output_root"],
         "spark_conf": {"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"}})
-    assert task_states(run) == {"plan": "success", "drain": "success", "triage": "success"}
+    assert task_states(run) == {"plan": "success", "check_spark": "success", "drain": "success", "triage": "success"}
     assert xcom(run, "drain")["records"] == 15 and binding.dead_letter_depth(queue) == 0
     triage = xcom(run, "triage")
     assert json.loads(Path(triage["summary"]).read_text())["by_reason"] == demo.expected_reasons()
