@@ -57,5 +57,27 @@ def get_provider_info() -> dict[str, Any]:
             "airflow_provider_babelqueue.queues.BabelQueueAzureServiceBusQueueProvider",
             "airflow_provider_babelqueue.queues.BabelQueuePulsarQueueProvider",
         ],
+        # The plugin serves the triage report that the link opens (docs/plugin.md); both are named, not imported.
+        "plugins": [
+            {"name": "babelqueue", "plugin-class": "airflow_provider_babelqueue.plugins.plugin.BabelQueuePlugin"}
+        ],
+        "extra-links": ["airflow_provider_babelqueue.operators.links.BabelQueueReportLink"],
+        "config": {
+            "babelqueue": {
+                "description": "The BabelQueue provider's Airflow plugin.",
+                "options": {
+                    "report_roots": {
+                        "description": "Comma-separated folders or object-storage URLs (s3://bucket/runs, ...) under "
+                        "which the API server may read the triage reports that task instances' XComs name. A "
+                        "report anywhere else is refused. Blank: the default output root, "
+                        "$AIRFLOW_HOME/babelqueue/runs.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "/data/babelqueue/runs,s3://aws_default@dlq-reports/runs",
+                        "default": "",
+                    }
+                },
+            }
+        },
         "connection-types": [spec.provider_info() for spec in CONNECTION_SPECS],
     }

@@ -1,0 +1,24 @@
+"""The plugin's web application: one FastAPI app, mounted by the API server under ``/babelqueue``.
+
+Each feature is a router (:mod:`.reports` today; the dead-letter console later). The login check is added to
+the application itself, so no route can be served to an anonymous caller, whatever its own checks; each route
+adds the DAG permission it needs (:func:`.auth.dag_access`). The interactive API docs are off: they would be
+routes outside that check.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from .auth import AUTHENTICATED
+from .reports import router as reports_router
+
+__all__ = ["create_app"]
+
+
+def create_app() -> FastAPI:
+    """A new application with every router of the plugin (the plugin keeps one; tests build their own)."""
+    app = FastAPI(title="BabelQueue", dependencies=list(AUTHENTICATED), docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.include_router(reports_router)
+    return app
