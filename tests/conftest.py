@@ -111,12 +111,18 @@ def spark_class_archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pa
 #: built once per run, not once per worker.
 SPARK_GROUP = ("tests/spark/", "tests/dags/test_demo.py", "tests/dags/test_sample_dags.py",
                "tests/dags/test_triage_pending.py")
+#: Spark modules that share none of the group's session fixtures (their own JVMs): units of their own, so the
+#: other worker can take them.
+SPARK_ALONE = ("tests/spark/test_standalone_cluster.py",)
 #: The longest modules after the Spark group (tens of seconds each: real schedulers, killed children,
 #: restarted brokers), started early so that neither worker is left with one of them at the end.
 LONG_MODULES = (
+    "tests/spark/test_standalone_cluster.py",
     "tests/reliability/test_crashes.py",
     "tests/sensors/test_e2e_asset_watcher.py",
     "tests/dags/test_trigger_form.py",
+    "tests/plugins/test_e2e_api_server.py",
+    "tests/plugins/test_reports_app.py",
     "tests/reliability/test_secrets.py",
     "tests/reliability/test_outages.py",
     "tests/sensors/test_sensors.py",
@@ -126,7 +132,7 @@ LONG_MODULES = (
 def work_unit(nodeid: str) -> str:
     """The unit one worker runs whole: a module, or the Spark group."""
     path = nodeid.split("::", 1)[0]
-    return "spark" if path.startswith(SPARK_GROUP) else path
+    return "spark" if path.startswith(SPARK_GROUP) and path not in SPARK_ALONE else path
 
 
 def _unit_rank(nodeid: str) -> int:

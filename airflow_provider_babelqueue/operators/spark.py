@@ -20,6 +20,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 
 from ..spark import JOBS, is_local, job_path, recommended_conf
 from ..spark.class_archive import CLASS_ARCHIVE_ENV, archive_option, with_archive
+from .links import BabelQueueReportLink
 from .pending import carried_over, move_into, waiting_files
 from .spark_connection import check_spark_connection, submit_path
 
@@ -109,13 +110,16 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
         from the worker's environment, ``BABELQUEUE_SPARK_CLASS_ARCHIVE``, at execution: set it once per worker
         and every DAG uses it.
     :param env_vars: environment for spark-submit; ``PYSPARK_PYTHON`` defaults to this interpreter
-        (``sys.executable``) unless given (on a cluster, give the executors' Python).
+        (``sys.executable``) unless given, and is left out when the driver runs on the cluster
+        (``deploy_mode="cluster"``), where this worker's path means nothing (there, give the cluster's Python).
     """
 
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "conn_id", "input_path", "output_path",
                                       "source_broker", "report_output", "pending", "archive_to", "class_archive",
                                       *_POLICY)
     ui_color = "#fbe9d0"
+    # the report, served by the provider's plugin (SparkSubmitOperator has no links of its own)
+    operator_extra_links = (BabelQueueReportLink(),)
 
     def __init__(
         self,
@@ -159,6 +163,7 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
         if kwargs.get("application"):
             raise ValueError("application is set from job; do not pass it")
         env = dict(env_vars or {})
+        self._python_given = "PYSPARK_PYTHON" in env
         env.setdefault("PYSPARK_PYTHON", sys.executable)
         super().__init__(application=job_path(job), conn_id=conn_id, name=name or f"babelqueue-{job}",
                          env_vars=env, **kwargs)
@@ -235,7 +240,15 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
             self.conf = recommended_conf(master, mine)
             if archive and is_local(master):  # a cluster's driver JVM runs elsewhere, without this file
                 self.conf = with_archive(self.conf, archive)
-        self.application_args = self.job_args()
+        if target.is_local:
+            # one JVM on this worker: bind to loopback, without the warnings about a hostname that resolves there
+            self.env_vars = {"SPARK_LOCAL_IP": "127.0.0.1", **(self.env_vars or {})}
+        if (self._deploy_mode or target.deploy_mode) == "cluster" and not self._python_given:
+            # the driver runs on the cluster, where this worker's interpreter path means nothing (the Spark provider
+            # would hand it to the YARN application master or the Kubernetes driver pod)
+            self.env_vars = {key: value for key, value in (self.env_vars or {}).items() if key != "PYSPARK_PYTHON"}
+        # the job sets its application name itself (a builder's appName wins over spark-submit's --name)
+        self.application_args = [*self.job_args(), "--app-name", str(self.name)]
         if self.ship_package:
             zipped = package_zip()
             self.py_files = f"{self.py_files},{zipped}" if self.py_files else zipped

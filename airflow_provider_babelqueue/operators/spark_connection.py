@@ -46,11 +46,13 @@ class SparkTarget:
     :param conn_id: the Spark connection checked.
     :param master: the master URL as the Spark provider builds it (``local[*]``, ``spark://h:7077``, ...).
     :param binary: the spark-submit executable's full path.
+    :param deploy_mode: the connection's ``deploy-mode`` extra (``client``/``cluster``), if it sets one.
     """
 
     conn_id: str
     master: str
     binary: str
+    deploy_mode: str | None = None
 
     @property
     def is_local(self) -> bool:
@@ -148,7 +150,7 @@ def check_spark_connection(conn_id: str, env: Mapping[str, str] | None = None, b
             f"PATH ({environment['PATH']}). Install the provider with its spark extra "
             "(pip install 'airflow-provider-babelqueue[spark]', which brings pyspark and its spark-submit) or "
             "set the connection's extra 'spark-binary' to a spark-submit on the worker.")
-    target = SparkTarget(conn_id, master, found)
+    target = SparkTarget(conn_id, master, found, extra.get("deploy-mode"))
     if target.is_local:
         if not _java_found(environment):
             raise ConnectionConfigError(

@@ -178,7 +178,7 @@ def test_package_zip_holds_the_jobs(tmp_path: Path) -> None:
 
 
 def test_operator_runs_replay_set_under_dag_test(spark_run: SparkRun, monkeypatch: pytest.MonkeyPatch,
-                                                 tmp_path: Path) -> None:
+                                                 tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     from airflow.sdk import DAG
 
     from tests.airflow_harness import run_dag, task_states, xcom
@@ -195,6 +195,14 @@ def test_operator_runs_replay_set_under_dag_test(spark_run: SparkRun, monkeypatc
             min_age_seconds=9.5 * 3600, max_age_seconds=86_400, now_ms=now)
     run = run_dag(dag, logical_date=datetime.datetime(2025, 6, 5, tzinfo=datetime.UTC))
     assert task_states(run) == {"replay_set": "success"}
+    # the task log carries spark-submit's output (the Spark hook's lines): from WARN up once the SparkContext
+    # applies spark.log.level; before that only its three version lines, not Spark's ~50 lines of INFO start-up
+    out = capfd.readouterr().out
+    spark_lines = [line for line in out.splitlines() if "hooks.spark_submit.SparkSubmitHook]" in line]
+    assert any('"job":"replay_set"' in line for line in spark_lines), "the job's summary did not reach the task log"
+    info = [line for line in spark_lines if " INFO " in line]
+    assert len(info) <= 3 and all(" INFO SparkContext: " in line for line in info), info
+    assert len(spark_lines) < 15, spark_lines
     out = tmp_path / "20250605"
     result: dict[str, Any] = xcom(run, "replay_set")
     assert result == {"job": "replay_set", "input": str(spark_run.triage_dir), "output": str(out),
