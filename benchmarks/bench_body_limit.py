@@ -1,8 +1,9 @@
 """What refusing an oversized body costs in memory (issue #29 point 6: body limits bound memory).
 
 A consumer refuses a body over ``max_body_bytes`` (16 MiB by default) as ``poison``. The binding does not decode
-such a body (``Binding.decode_limit``), and the dead letter keeps its exact bytes. Per binding (Redis, SQLite file,
-PostgreSQL), in a fresh child process each so that peaks do not mix:
+such a body (``Binding.decode_limit``): the SQL table does not even fetch it and copies it into the dead-letter table
+inside the database; Redis reads it in slices and sends its poison wrapper in parts. The dead letter keeps its exact
+bytes. Per binding (Redis, SQLite file, PostgreSQL), in a fresh child process each so that peaks do not mix:
 
 1. one valid envelope whose ``data`` holds one long ASCII string (``--mb``, default 100 MB) is published with the
    binding; every local reference to it is dropped, ``gc.collect()`` and glibc's ``malloc_trim(0)`` run;
@@ -16,7 +17,7 @@ PostgreSQL), in a fresh child process each so that peaks do not mix:
 
 Printed: binding, body MB, peak − baseline MB, that as a multiple of the body, and as a multiple of the reference.
 ``--profile`` adds, per case, the peak above entry of the steps of the refusal (reserve, the driver's fetch, the
-dead-letter body, the write), measured the same way around each of them.
+dead letter's body or parts, the write), measured the same way around each of them.
 
 Run: ``make bench-body-limit`` or ``.venv/bin/python benchmarks/bench_body_limit.py [--mb 100]
 [--bindings redis,sqlite,postgresql] [--profile]``. Needs Redis on 127.0.0.1:6379 and PostgreSQL at
@@ -167,11 +168,15 @@ def instrument(kind: str) -> Stages:
 
         stages.wrap(rb.RedisBinding, "reserve", "RedisBinding.reserve")
         stages.wrap(redis.connection.Connection, "read_response", "redis-py Connection.read_response")
+        stages.wrap(rb.RedisBinding, "_read_spilled", "RedisBinding._read_spilled (GETRANGE slices)")
+        stages.wrap(rb.RedisBinding, "_free_reply_buffer", "RedisBinding._free_reply_buffer (PING)")
         stages.wrap(rb.RedisBinding, "_parsed", "RedisBinding._parsed (parse_body, frame_headers)")
         stages.wrap(rb.RedisBinding, "dead_letter", "RedisBinding.dead_letter")
         stages.wrap(rb, "dead_letter_body", "base.dead_letter_body")
-        stages.wrap(base, "wrap_raw", "peer.wrap_raw (raw.decode + orjson.dumps)")
+        stages.wrap(rb, "dead_letter_parts", "base.dead_letter_parts (the wrapper's length)")
+        stages.wrap(base, "wrap_raw", "peer.wrap_raw")
         stages.wrap(rb.RedisBinding, "_settle", "RedisBinding._settle (the settle script)")
+        stages.wrap(rb.RedisBinding, "_run", "RedisBinding._run (a large command in parts)")
         stages.wrap(redis.connection.Connection, "send_command", "redis-py Connection.send_command")
         if getattr(redis.connection, "HIREDIS_AVAILABLE", False):
             import hiredis
@@ -193,6 +198,7 @@ def instrument(kind: str) -> Stages:
         stages.wrap(sb.SqlBinding, "_message", "SqlBinding._message (bytes(row.payload), parse_body)")
         stages.wrap(sb.SqlBinding, "dead_letter", "SqlBinding.dead_letter")
         stages.wrap(sb, "annotated_body", "base.annotated_body")
+        stages.wrap(sb.SqlBinding, "_move_unread", "SqlBinding._move_unread (INSERT ... SELECT, DELETE)")
     del peer
     return stages
 

@@ -42,7 +42,7 @@ from ..core.errors import (
 )
 from ..core.frames import encode_frame, frame_headers, open_body
 from ..core.integers import INT64_MAX
-from ..core.peer import wrap_raw
+from ..core.peer import WrapperParts, wrap_raw, wrap_raw_parts
 
 if TYPE_CHECKING:
     from ..core.idempotency import SeenStore
@@ -60,6 +60,7 @@ __all__ = [
     "bumped_body",
     "check_sizes",
     "dead_letter_body",
+    "dead_letter_parts",
     "dead_letter_view",
     "frame_headers",
     "parse_body",
@@ -97,6 +98,11 @@ class ReceivedMessage:
     :ivar from_dead_letter: whether it was read from the dead-letter queue.
     :ivar dead_letter_source: for a dead-letter read, the dead-letter queue (key, queue, table) it came from,
         one of the binding's ``dead_letter_sources``; ``None`` where the binding does not say.
+    :ivar stored_size: the stored body's length in bytes when the binding did not read the body (``body`` is then
+        empty, ``envelope`` ``None``), else ``None``. Only a body over :attr:`Binding.decode_limit`, reserved
+        from a queue (never a dead-letter read), on a binding that can dead-letter it without holding it: the
+        SQL table copies the row inside the database, so a refused body never crosses the wire. ``ack``,
+        ``release`` and ``dead_letter`` keep the stored bytes exactly; never forward ``body``.
     """
 
     body: bytes
@@ -109,6 +115,12 @@ class ReceivedMessage:
     receipt: Any = None
     from_dead_letter: bool = False
     dead_letter_source: str | None = None
+    stored_size: int | None = None
+
+    @property
+    def size(self) -> int:
+        """The stored body's length in bytes, whether the binding read it or not (see :attr:`stored_size`)."""
+        return len(self.body) if self.stored_size is None else self.stored_size
 
     @property
     def meta_id(self) -> str:
@@ -258,6 +270,18 @@ def dead_letter_body(
                             attempts=message.attempts, error=error, exception=exception)
 
 
+def dead_letter_parts(
+    message: ReceivedMessage, reason: str, *, error: str | None = None, exception: str | None = None
+) -> WrapperParts:
+    """What :func:`dead_letter_body` stores for a message without an envelope (the poison wrapper of its exact
+    bytes), as :class:`~...core.peer.WrapperParts`: the same bytes, as their length and their parts, so a binding
+    can send the dead letter of a large body in pieces instead of holding it whole beside the body (Redis).
+    """
+    return wrap_raw_parts(message.body, str(reason), original_queue=message.queue_name,
+                          attempts=min(max(message.attempts, 0), INT64_MAX), error=bq.storable_text(error),
+                          exception=bq.storable_text(exception))
+
+
 def dead_letter_view(
     body: bytes,
     envelope: Mapping[str, Any] | None,
@@ -365,6 +389,11 @@ class Binding(abc.ABC):
     carries_headers: bool = False
     #: Whether :meth:`browse_dead_letters` works.
     can_browse: bool = False
+    #: The loggers of the broker client library this binding drives (``pika``, ``botocore``...). The bindings
+    #: leave them alone; Airflow's hooks keep them at WARNING in task logs unless the user set their level
+    #: (:mod:`airflow_provider_babelqueue.hooks.client_logs`), since a client's INFO lines describe its own
+    #: connection handling, not the task's work.
+    client_loggers: tuple[str, ...] = ()
 
     @abc.abstractmethod
     def publish(
@@ -469,7 +498,7 @@ class Binding(abc.ABC):
         """A persistent ``meta.id`` seen-set named ``name`` on this broker, for consumer idempotency and
         replay ledgers. Brokers that cannot hold one raise :class:`NotSupportedError`."""
         raise NotSupportedError(
-            f"the {self.name} binding cannot hold an idempotency store; use a babelqueue_sql or babelqueue_redis "
+            f"the {self.name} binding cannot hold an idempotency store; use a babelqueue+sql or babelqueue+redis "
             "connection for it"
         )
 

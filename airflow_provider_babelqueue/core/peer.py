@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping
+import codecs
+import io
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +32,7 @@ import orjson
 
 from .envelope import annotate_dead_letter
 
-__all__ = ["PoisonWrapper", "poison_wrapper", "wrap_raw"]
+__all__ = ["PoisonWrapper", "WrapperParts", "poison_wrapper", "wrap_raw", "wrap_raw_parts"]
 
 #: Keys an envelope has and a wrapper never has: their presence means the object is an envelope.
 _ENVELOPE_KEYS = ("job", "urn", "meta", "data", "trace_id")
@@ -94,6 +96,57 @@ def poison_wrapper(body: bytes | Mapping[str, Any]) -> PoisonWrapper | None:
     return None
 
 
+#: Bytes of ``raw`` the wrapper's writers escape or encode per step: their working memory besides the output.
+_STEP = 1 << 20
+#: The wrapper's fixed parts: before ``raw``, between it and the block (text form, base64 form), at the end.
+_OPEN, _CLOSE = b'{"raw":"', b"}"
+_TEXT_BLOCK, _BASE64_BLOCK = b'","dead_letter":', b'","raw_encoding":"base64","dead_letter":'
+
+
+def _text_parts(raw: bytes, step: int) -> Iterator[memoryview]:
+    """``raw``'s JSON string escaping (without quotes), ``step`` bytes of it at a time; raises
+    ``UnicodeDecodeError`` when it reaches bytes that are not UTF-8.
+
+    Each step decodes the characters complete in it and escapes them with orjson, the encoder of the whole
+    wrapper: JSON escapes one character at a time, so the parts joined are the bytes ``orjson.dumps`` gives for
+    the whole text, without a ``str`` of all of it (up to 4x the body for text outside Latin-1).
+    """
+    view, size, position = memoryview(raw), len(raw), 0
+    step = max(step, 4)  # a UTF-8 character has at most 4 bytes: every step completes one
+    while position < size:
+        end = position + step
+        text, used = codecs.utf_8_decode(view[position:end], "strict", end >= size)
+        yield memoryview(orjson.dumps(text))[1:-1]
+        position += used
+
+
+def _base64_parts(raw: bytes, step: int) -> Iterator[bytes]:
+    """``raw``'s base64, about ``step`` bytes of it at a time (whole 3-byte groups: no padding between parts)."""
+    view, step = memoryview(raw), max(3, step - step % 3)
+    for start in range(0, len(raw), step):
+        yield base64.b64encode(view[start:start + step])
+
+
+def _sized_buffer(size: int) -> io.BytesIO:
+    """An empty buffer holding memory for ``size`` bytes from the start: one allocation, which can reuse a block
+    just freed (the reply buffer of the client that read the body), where growing step by step would take new
+    memory beside it. Writing past the end of a ``BytesIO`` sizes it at once and fills the gap with zeros."""
+    out = io.BytesIO()
+    if size > 0:
+        out.seek(size - 1)
+        out.write(b"\0")
+        out.seek(0)
+    return out
+
+
+def _block(reason: str, original_queue: str, attempts: int, error: str | None, exception: str | None,
+           failed_at: int | None) -> bytes:
+    """The wrapper's ``dead_letter`` block, encoded: the block an annotated envelope gets, built by the one
+    function that builds it."""
+    return orjson.dumps(annotate_dead_letter({}, reason, original_queue=original_queue, attempts=attempts,
+                                             error=error, exception=exception, failed_at=failed_at)["dead_letter"])
+
+
 def wrap_raw(
     raw: bytes,
     reason: str,
@@ -110,18 +163,90 @@ def wrap_raw(
     else its base64 with ``raw_encoding`` ``base64``. The block has the keys and order of an annotated
     envelope's ``dead_letter`` block. The texts must be encodable (see :func:`~.envelope.storable_text`).
 
+    The bytes are those of ``orjson.dumps({"raw": raw.decode("utf-8"), "dead_letter": block})`` (or its base64
+    form), written a megabyte at a time into one buffer: wrapping a body refused for its size then costs about
+    the wrapper's own size, not also a ``str`` of the body and the pieces of the output.
+
     :param reason: the consumer's reason (``poison``, or e.g. ``failed`` for an envelope that could not be
         re-encoded after its handler failed): readers take it from here, never from inside ``raw``.
     :param original_queue: the queue the message was quarantined from: the only route a replay may use.
     """
+    block = _block(reason, original_queue, attempts, error, exception, failed_at)
+    fixed = len(_OPEN) + len(block) + len(_CLOSE)
+    out = _sized_buffer(fixed + len(raw) + len(_TEXT_BLOCK))  # exact for text with nothing to escape
+    out.write(_OPEN)
     try:
-        text: str | None = raw.decode("utf-8")
+        for part in _text_parts(raw, _STEP):
+            out.write(part)
+        out.write(_TEXT_BLOCK)
     except UnicodeDecodeError:
-        text = None
-    # the block an annotated envelope gets, built by the one function that builds it
-    block = annotate_dead_letter({}, reason, original_queue=original_queue, attempts=attempts, error=error,
-                                 exception=exception, failed_at=failed_at)["dead_letter"]
-    if text is not None:
-        return orjson.dumps({"raw": text, "dead_letter": block})
-    return orjson.dumps({"raw": base64.b64encode(raw).decode("ascii"), "raw_encoding": "base64",
-                         "dead_letter": block})
+        out.close()  # the text part is freed before the base64 takes its memory
+        out = _sized_buffer(fixed + -(-len(raw) // 3) * 4 + len(_BASE64_BLOCK))  # exact
+        out.write(_OPEN)
+        for encoded in _base64_parts(raw, _STEP):
+            out.write(encoded)
+        out.write(_BASE64_BLOCK)
+    out.write(block)
+    out.write(_CLOSE)
+    out.truncate()
+    # CPython hands the buffer itself over (shrunk in place) when nothing else refers to it: no copy at the end
+    return out.getvalue()
+
+
+class WrapperParts:
+    """A poison wrapper (:func:`wrap_raw`'s bytes) as its exact length and its parts, for a writer that sends a
+    large one in pieces without ever holding it whole (the Redis binding's settle of a body refused for its size).
+
+    Each iteration yields the parts anew, one step of the body at a time; ``bytes(parts)`` joins them into
+    exactly :func:`wrap_raw`'s bytes. Measuring the length takes one pass over the body (escaping it, without
+    keeping the result); the parts are made again while they are sent.
+
+    :ivar size: the wrapper's length in bytes, known before any part is made (a protocol frames it first).
+    """
+
+    __slots__ = ("_base64", "_block", "_raw", "_step", "size")
+
+    def __init__(self, raw: bytes, block: bytes) -> None:
+        """:param raw: the body to wrap, byte for byte. :param block: the encoded ``dead_letter`` block."""
+        self._raw, self._block, self._step = raw, block, _STEP
+        try:
+            length, self._base64 = sum(len(part) for part in _text_parts(raw, self._step)), False
+        except UnicodeDecodeError:
+            length, self._base64 = -(-len(raw) // 3) * 4, True
+        middle = _BASE64_BLOCK if self._base64 else _TEXT_BLOCK
+        self.size = len(_OPEN) + length + len(middle) + len(block) + len(_CLOSE)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self) -> Iterator[bytes | memoryview]:
+        yield _OPEN
+        if self._base64:
+            yield from _base64_parts(self._raw, self._step)
+            yield _BASE64_BLOCK
+        else:
+            yield from _text_parts(self._raw, self._step)
+            yield _TEXT_BLOCK
+        yield self._block
+        yield _CLOSE
+
+    def __bytes__(self) -> bytes:
+        out = _sized_buffer(self.size)
+        for part in self:
+            out.write(part)
+        return out.getvalue()
+
+
+def wrap_raw_parts(
+    raw: bytes,
+    reason: str,
+    *,
+    original_queue: str,
+    attempts: int,
+    error: str | None = None,
+    exception: str | None = None,
+    failed_at: int | None = None,
+) -> WrapperParts:
+    """:func:`wrap_raw` as :class:`WrapperParts`: the same bytes, given as their length and their parts (same
+    parameters)."""
+    return WrapperParts(raw, _block(reason, original_queue, attempts, error, exception, failed_at))

@@ -197,8 +197,9 @@ class Consumer:
         self.max_body_bytes = check_limit(max_body_bytes, "max_body_bytes")
         self.max_nesting_depth = check_limit(max_nesting_depth, "max_nesting_depth")
         self.binding = binding
-        # a body this consumer refuses for its size is delivered undecoded: refusing it then costs about its own
-        # size once more (the bytes), not the several times that decoding it into objects would
+        # a body this consumer refuses for its size is delivered undecoded (the SQL table leaves it unread in the
+        # database: ReceivedMessage.stored_size): refusing it then costs at most about its own size once more (the
+        # bytes), not the several times that decoding it into objects would
         binding.decode_limit = self.max_body_bytes
         self.queue_name = queue_name
         self.handlers = dict(handlers)
@@ -268,7 +269,8 @@ class Consumer:
     def process(self, message: ReceivedMessage) -> str:
         """Handle one delivery; returns what happened (``handled``, ``retried``, ``dead_letter:<reason>``...)."""
         self.summary.received += 1
-        limit_error = body_limit_error(message.body, self.max_body_bytes, self.max_nesting_depth)
+        limit_error = body_limit_error(message.body, self.max_body_bytes, self.max_nesting_depth,
+                                       size=message.size)
         if limit_error is not None:
             # Treated as undecodable: the binding stores the bytes as they are instead of decoding and
             # re-encoding the oversized or over-deep body to annotate it.

@@ -62,13 +62,17 @@ def nesting_depth(body: bytes) -> int:
     return max(0, max(accumulate(memoryview(brackets.translate(_STEPS)).cast("b"))))
 
 
-def body_limit_error(body: bytes, max_body_bytes: int | None, max_nesting_depth: int | None) -> str | None:
+def body_limit_error(body: bytes, max_body_bytes: int | None, max_nesting_depth: int | None, *,
+                     size: int | None = None) -> str | None:
     """Why ``body`` breaks a consumer limit, naming the limit and the actual figure; ``None`` when it does not.
 
     Both checks are cheap for ordinary bodies: the size is ``len``, and the depth is only measured when the
     body has more opening brackets than the limit allows levels (fewer openers cannot nest deeper).
+
+    :param size: the stored body's length when the binding did not read it (``body`` is then empty; see
+        ``ReceivedMessage.stored_size``), so such a body is refused with the same error as one that was read.
     """
-    size = len(body)
+    size = len(body) if size is None else size
     if max_body_bytes is not None and size > max_body_bytes:
         return f"body is {size:,} bytes; this consumer accepts at most {max_body_bytes:,} (max_body_bytes)"
     if max_nesting_depth is not None and body.count(b"[") + body.count(b"{") > max_nesting_depth:

@@ -6,7 +6,8 @@ LMOVE/BLMOVE so a crash before the ack loses nothing); ``Pq:processing:deadlines
 ``<32-hex token>:<raw value>`` per reservation, score = deadline: the SDK's format, so either side's sweep
 returns the other's abandoned reservations and a settle touches only its own); ``Pq:delayed`` (members
 ``<token>:<raw>``, score = due time; other SDKs never see them early); DLQ ``Pq<dead_letter_suffix>``,
-with its own ``:processing`` list and deadline set for drains.
+with its own ``:processing`` list and deadline set for drains; ``Pq:processing:spill:<token>`` (a copy of a
+reserved value over the consumer's decode limit, read in slices, then deleted; it expires with the reservation).
 
 Dead letters are written to that one list (``:failed``, the spec's name) and read from every list of
 :meth:`RedisBinding.dead_letter_sources`: by default ``Pq:failed`` and ``Pq.dlq``, where the official SDKs'
@@ -28,17 +29,20 @@ later) by the next maintenance pass, and swept back like any other. A queue's ke
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import math
 import secrets
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ...core.frames import encode_frame
+from ...core.peer import WrapperParts
 from ..base import (
     Binding,
     BindingError,
@@ -47,13 +51,14 @@ from ..base import (
     bumped_body,
     check_sizes,
     dead_letter_body,
+    dead_letter_parts,
     frame_headers,
     parse_body,
     require_extra,
 )
 from .scripts import ACK_HEAD, CLAIM, RESERVE, RESERVE_MANY, SETTLE, SETTLE_MANY, SWEEP_BATCH
 
-__all__ = ["DeadLetterBatch", "RedisBinding", "RedisConfig"]
+__all__ = ["LARGE_VALUE", "DeadLetterBatch", "RedisBinding", "RedisConfig", "command_parts"]
 
 if TYPE_CHECKING:
     from ...core.idempotency import SeenStore
@@ -69,6 +74,12 @@ _CHUNK = 1000
 
 #: Reservations per RESERVE_MANY / SETTLE_MANY call (bounds one script's run time and memory).
 MANY_CHUNK = 2000
+
+#: A command whose values exceed this many bytes in all is sent in pieces (``RedisBinding._run``); a reply this
+#: large is followed by a PING that frees the parser's copy of it, and a reserved value over both this and the
+#: consumer's ``decode_limit`` is read in slices of ``_SLICE`` bytes instead (``RedisBinding._take``).
+LARGE_VALUE = 1 << 20
+_SLICE = 1 << 20
 
 #: What the binding reads besides the written DLQ unless configured: the spec's list and the SDKs' apps' list.
 DEFAULT_DEAD_LETTER_SOURCES = (":failed", ".dlq")
@@ -217,6 +228,25 @@ class DeadLetterBatch:
         return [self.binding._parsed(receipt.raw, self.queue_name, True, receipt) for receipt in receipts]
 
 
+def command_parts(encode: Callable[[Any], bytes], *args: Any) -> Iterator[bytes | memoryview]:
+    """A command in the Redis protocol (RESP), as the pieces a socket can send one after the other: each value
+    as it is (never copied into one buffer with the rest), a :class:`~...core.peer.WrapperParts` framed by its
+    known length and made part by part while it is sent.
+
+    :param encode: the connection's encoder (``str``, ``int``, ``float`` to bytes, as the client sends them).
+    """
+    yield b"*%d\r\n" % len(args)
+    for arg in args:
+        if isinstance(arg, WrapperParts):
+            yield b"$%d\r\n" % len(arg)
+            yield from arg
+        else:
+            value = arg if isinstance(arg, bytes) else encode(arg)
+            yield b"$%d\r\n" % len(value)
+            yield value
+        yield b"\r\n"
+
+
 def _source_of(receipt: _Receipt) -> str:
     """The list a reservation was taken from: its processing list's name without ``:processing``."""
     return receipt.processing.removesuffix(":processing")
@@ -234,6 +264,7 @@ class RedisBinding(Binding):
     """Queues as Redis lists in the official SDKs' legacy layout (see the module docstring)."""
 
     name = "redis"
+    client_loggers = ("redis",)
     can_browse = True
     carries_headers = False
 
@@ -331,27 +362,96 @@ class RedisBinding(Binding):
         keys, vt = self._keys(source, dead), repr(float(self.config.visibility_timeout))
         slice_cap = min(_BLOCK_SLICE, self.config.socket_timeout / 2) if self.config.socket_timeout else _BLOCK_SLICE
         end = time.monotonic() + max(timeout, 0)
+        # a value over the consumer's decode limit (and over 1 MiB) is spilled by the script and read in slices
+        spill_over = None if dead or self.decode_limit is None else max(self.decode_limit, LARGE_VALUE)
         with self._guard("reserve", source):
             while True:
                 token = secrets.token_hex(16)
-                raw = self._reserve_script(keys=keys, args=[vt, token, SWEEP_BATCH])
+                if spill_over is None:
+                    raw = self._reserve_script(keys=keys, args=[vt, token, SWEEP_BATCH])
+                else:
+                    spill = f"{keys[1]}:spill:{token}"
+                    raw = self._reserve_script(keys=[*keys, spill], args=[vt, token, SWEEP_BATCH, spill_over])
+                    if isinstance(raw, list):
+                        raw = self._read_spilled(spill, int(raw[0]))
+                        return self._parsed(raw, queue_name, dead, _Receipt(token, raw, keys[1]))
                 if raw is None:
                     if (remaining := end - time.monotonic()) < 0.01:
                         return None
                     raw = self.client.blmove(source, keys[1], min(remaining, slice_cap), "LEFT", "RIGHT")
-                    if raw is None or not self._claim_script(keys=keys[1:3], args=[token, raw, vt]):
+                    if raw is None or not self._run(self._claim_script, keys[1:3], [token, raw, vt]):
                         continue  # nothing yet, or reclaimed between BLMOVE and the claim (back on the ready list)
                 raw = raw.encode("utf-8", "surrogateescape") if isinstance(raw, str) else bytes(raw)
+                if len(raw) > LARGE_VALUE:
+                    self._free_reply_buffer()
                 return self._parsed(raw, queue_name, dead, _Receipt(token, raw, keys[1]))
 
-    def _settle(self, message: ReceivedMessage, target: str | None, body: bytes = b"", delay: float = 0) -> None:
+    def _read_spilled(self, spill: str, size: int) -> bytes:
+        """The reserved value the reserve script copied to ``spill`` (see ``RESERVE``), read in slices of 1 MiB into
+        one buffer of its size: the client holds it once, where one reply would be held twice (hiredis keeps the
+        reply's buffer beside the bytes it makes). The spill key is deleted after; it expires with the reservation.
+
+        :raises BindingError: the key held less than ``size`` (it expired: the reservation is over anyway).
+        """
+        out = io.BytesIO()
+        out.seek(size - 1)  # writing past the end sizes the buffer at once (zero-filled): no regrowth, no copy
+        out.write(b"\0")
+        out.seek(0)
+        for start in range(0, size, _SLICE):
+            out.write(self.client.getrange(spill, start, min(start + _SLICE, size) - 1))
+        self.client.delete(spill)
+        if out.tell() != size:
+            raise BindingError(f"Redis {spill!r}: the reserved value's copy held {out.tell():,} of {size:,} bytes "
+                               "(expired); the reservation is delivered again after its visibility timeout")
+        return out.getvalue()  # the buffer itself, not a copy (CPython shares it when nothing else refers to it)
+
+    def _free_reply_buffer(self) -> None:
+        """Make the parser let go of its copy of a large reply: hiredis keeps the buffer of the last reply it
+        read (the body's size once more) until it reads the next one, so a PING, on the connection the pool hands
+        back first (the one just used, from a single thread), frees it before a handler decodes the body. Best
+        effort: a failed PING changes nothing."""
+        with contextlib.suppress(self._redis.exceptions.RedisError):
+            self.client.ping()
+
+    def _run(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """``script(keys=keys, args=args)``. When the values exceed :data:`LARGE_VALUE` (a large body, its dead
+        letter), the command goes out in pieces (:func:`command_parts`): each value as it is, a poison wrapper
+        (:class:`~...core.peer.WrapperParts`) made step by step while it is sent, where the client's hiredis packer
+        copies the whole command into one buffer (about 3x the command at its peak). Same EVALSHA (the script loaded
+        on NOSCRIPT) and the same retries as the client's own call; a client without a connection pool (a cluster
+        client) takes the usual path, with the wrapper joined."""
+        pool: Any = getattr(self.client, "connection_pool", None)
+        size = sum(len(arg) for arg in args if isinstance(arg, bytes | str | WrapperParts))
+        if size <= LARGE_VALUE or not callable(getattr(pool, "get_connection", None)):
+            return script(keys=keys, args=[bytes(arg) if isinstance(arg, WrapperParts) else arg for arg in args])
+        conn = pool.get_connection()
+        try:
+            encode = conn.encoder.encode
+
+            def call() -> Any:
+                conn.send_packed_command(command_parts(encode, "EVALSHA", script.sha, len(keys), *keys, *args))
+                try:
+                    return conn.read_response()
+                except self._redis.exceptions.NoScriptError:  # a restarted or flushed server: load it, once
+                    conn.send_packed_command(command_parts(encode, "SCRIPT", "LOAD", script.script))
+                    conn.read_response()
+                    conn.send_packed_command(command_parts(encode, "EVALSHA", script.sha, len(keys), *keys, *args))
+                    return conn.read_response()
+
+            retry = getattr(conn, "retry", None)
+            return call() if retry is None else retry.call_with_retry(call, lambda _error: conn.disconnect())
+        finally:
+            pool.release(conn)
+
+    def _settle(self, message: ReceivedMessage, target: str | None, body: bytes | WrapperParts = b"",
+                delay: float = 0) -> None:
         receipt = message.receipt
         if not isinstance(receipt, _Receipt):
             raise BindingError(f"this message was not reserved by a Redis binding (receipt {receipt!r})")
         keys = [receipt.processing, f"{receipt.processing}:deadlines"] + ([target] if target else [])
         args = [receipt.token, receipt.raw, body, repr(float(max(delay, 0))), secrets.token_hex(16)]
         with self._guard("settle a reservation", receipt.processing):
-            done = self._settle_script(keys=keys, args=args)
+            done = self._run(self._settle_script, keys, args)
         if not done:
             logger.warning("Redis reservation in %r is gone (settled already, or expired and requeued for another "
                            "delivery); nothing was changed", receipt.processing)
@@ -559,7 +659,11 @@ class RedisBinding(Binding):
     ) -> None:
         """The annotated envelope goes to the written DLQ list; a framed message's as the bare annotated envelope
         (as Node's worker does), so every DLQ reader and replay sees an envelope."""
-        body = dead_letter_body(message, reason, error=error, exception=exception)
+        body: bytes | WrapperParts
+        if message.envelope is None and len(message.body) > LARGE_VALUE:  # sent in parts, never held whole
+            body = dead_letter_parts(message, reason, error=error, exception=exception)
+        else:
+            body = dead_letter_body(message, reason, error=error, exception=exception)
         self._settle(message, self.dead_letter_name(message.queue_name), body)
 
     def depth(self, queue_name: str) -> int:

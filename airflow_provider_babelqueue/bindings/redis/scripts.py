@@ -56,9 +56,11 @@ end
 """
 )
 
-# KEYS: ready, processing, deadlines[, delayed]. ARGV: visibility timeout, token ('' = maintain only and
-# return LLEN ready), batch. Maintenance, then moves the head to processing with its deadline member and
-# returns the raw value (false if empty).
+# KEYS: ready, processing, deadlines[, delayed[, spill]]. ARGV: visibility timeout, token ('' = maintain only and
+# return LLEN ready), batch[, spill size]. Maintenance, then moves the head to processing with its deadline member
+# and returns the raw value (false if empty). With a spill key, a value longer than the spill size is copied
+# there instead, expiring with the reservation, and only its length is returned ({length}): the client reads it
+# in slices (GETRANGE), never as one reply its parser would hold whole beside the bytes it returns.
 RESERVE = (
     _LUA_HEAD
     + _MAINTAIN
@@ -67,6 +69,10 @@ if ARGV[2] == '' then return redis.call('LLEN', KEYS[1]) end
 local raw = redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
 if not raw then return false end
 redis.call('ZADD', KEYS[3], score(now + vt), ARGV[2] .. ':' .. raw)
+if KEYS[5] and #raw > tonumber(ARGV[4]) then
+  redis.call('SET', KEYS[5], raw, 'PX', math.ceil(vt * 1000))
+  return {#raw}
+end
 return raw
 """
 )

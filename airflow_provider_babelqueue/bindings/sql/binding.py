@@ -40,6 +40,7 @@ from ...core.integers import INT64_MAX
 from ..base import (
     Binding,
     BindingError,
+    MissingExtraError,
     PublishBatchError,
     ReceivedMessage,
     annotated_body,
@@ -60,6 +61,31 @@ _TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
 #: A dead-letter table's name: the ready table's rule plus room for ``_failed``.
 _FAILED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,46}")
 _BATCH_CHUNK = 500
+
+
+def _create_engine(url: sa.URL, options: dict[str, Any]) -> Engine:
+    """``sa.create_engine``, where a missing driver module names what installs it.
+
+    SQLAlchemy imports the URL's driver (DBAPI) module here; without it the error would be a bare
+    ``ModuleNotFoundError: No module named 'psycopg2'``. PostgreSQL's default driver comes with the ``postgres``
+    extra; another driver named in a ``sqlalchemy_url`` is the user's to install, so its module is named.
+
+    :raises MissingExtraError: the driver module is not installed (also an ``ImportError``).
+    """
+    try:
+        return sa.create_engine(url, **options)
+    except ImportError as exc:
+        dialect = f"{url.get_backend_name()}+{url.get_driver_name()}"
+        module = exc.name or url.get_driver_name()
+        if dialect == "postgresql+psycopg2":
+            hint = "install it with: pip install 'airflow-provider-babelqueue[postgres]'"
+        elif url.get_backend_name() == "postgresql":
+            hint = ("install the package that provides it, or write the URL as postgresql+psycopg2://... and "
+                    "install that driver with: pip install 'airflow-provider-babelqueue[postgres]'")
+        else:
+            hint = f"install the package that provides it, or use another driver in the URL ({dialect!r} now)"
+        raise MissingExtraError(f"{module} is not installed, and the SQL binding needs it for {dialect} URLs; "
+                                f"{hint}") from exc
 
 
 def column_text(text: str | None) -> str | None:
@@ -266,7 +292,7 @@ class SqlBinding(Binding):
                     options = {"connect_args": {"timeout": 30.0}}
                     if url.database in (None, "", ":memory:"):
                         options = {"poolclass": sa.pool.StaticPool, "connect_args": {"check_same_thread": False}}
-                self._engine = sa.create_engine(url, **options)
+                self._engine = _create_engine(url, options)
                 if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
                     sa.event.listen(self._engine, "connect", _sqlite_wal)
             engine = self._engine
@@ -340,6 +366,12 @@ class SqlBinding(Binding):
 
     def _message(self, row: Any, queue_name: str, dead: bool, receipt: _Receipt | None,
                  source: str | None = None) -> ReceivedMessage:
+        if row.payload is None:  # over the decode limit: left in the database, its length read (_ready_columns)
+            size = int(row.stored_size)
+            return ReceivedMessage(
+                body=b"", queue_name=queue_name, envelope=None, attempts=0, receipt=receipt, stored_size=size,
+                decode_error=f"body is {size:,} bytes; not read (over the decode limit of {self.decode_limit:,})",
+            )
         body = bytes(row.payload)
         envelope, error, body_attempts = parse_body(body, self.decode_limit)
         if dead and (envelope is None or "dead_letter" not in envelope):
@@ -379,6 +411,23 @@ class SqlBinding(Binding):
             "payload", "attempts")
         return [table.c[name] for name in names]
 
+    def _ready_columns(self, table: sa.Table) -> list[sa.ColumnElement[Any]]:
+        """:meth:`_columns` of a ready-table reserve. With a :attr:`decode_limit`, a payload over it is not selected
+        (NULL) but its length is (``stored_size``): an oversized body never crosses the wire, :meth:`_message`
+        makes it an unread message and :meth:`dead_letter` copies it inside the database. The length is read
+        without the value (PostgreSQL's ``length(bytea)`` from the stored header, SQLite's ``length(blob)``
+        without loading the blob); an SQLite TEXT payload (a producer that bound a string) counts its bytes."""
+        columns = self._columns(table, False)
+        if self.decode_limit is None:
+            return columns
+        payload = table.c.payload
+        size: sa.ColumnElement[Any] = sa.func.length(payload)
+        if self._get_engine().dialect.name == "sqlite":
+            size = sa.case((sa.func.typeof(payload) == "blob", size),
+                           else_=sa.func.length(sa.cast(payload, sa.LargeBinary())))
+        return [sa.case((size <= self.decode_limit, payload)).label("payload"), *columns[1:],
+                size.label("stored_size")]
+
     def _readable(self) -> list[sa.Table]:
         """The dead-letter tables that exist now, in reading order: an extra table is looked up in the catalog
         until it is found (one query each; a read never creates one)."""
@@ -410,8 +459,9 @@ class SqlBinding(Binding):
                 order = [table.c.id] if dead else [table.c.available_at, table.c.id]
                 if not dead:
                     where.append(table.c.available_at <= now)
+                columns = self._columns(table, dead) if dead else self._ready_columns(table)
                 query = (
-                    sa.select(*self._columns(table, dead), table.c.id, table.c.reserved_at)
+                    sa.select(*columns, table.c.id, table.c.reserved_at)
                     .where(*where).order_by(*order).limit(limit - len(out)).with_for_update(skip_locked=True)
                 )
                 with self._guard(action, queue_name), self._write() as conn:
@@ -548,17 +598,19 @@ class SqlBinding(Binding):
 
     def release_many(self, messages: Sequence[ReceivedMessage], delay: float = 0) -> None:
         """:meth:`release` for many in one transaction: dead letters un-reserved per token group, ready-table
-        rows in one executemany UPDATE (each with its own bumped body), all gated on their receipts."""
+        rows in one executemany UPDATE (each with its own bumped body; an unread body stays as stored), all gated
+        on their receipts."""
         if not messages:
             return
         ready = [m for m in messages if not m.from_dead_letter]
         dead = self._by_token([m for m in messages if m.from_dead_letter])
         t = self._ready
         rows = [{"b_id": self._receipt(m).row_id, "b_token": self._receipt(m).token, "b_payload": bumped_body(m)}
-                for m in ready]
-        update = (sa.update(t).where(t.c.id == sa.bindparam("b_id"), t.c.reserved_at == sa.bindparam("b_token"))
-                  .values(payload=sa.bindparam("b_payload"), attempts=t.c.attempts + 1, reserved_at=None,
-                          available_at=time.time() + max(delay, 0)))
+                for m in ready if m.stored_size is None]
+        kept = [{"b_id": self._receipt(m).row_id, "b_token": self._receipt(m).token}
+                for m in ready if m.stored_size is not None]
+        held = (t.c.id == sa.bindparam("b_id"), t.c.reserved_at == sa.bindparam("b_token"))
+        values = {"attempts": t.c.attempts + 1, "reserved_at": None, "available_at": time.time() + max(delay, 0)}
         with self._guard("release", messages[0].queue_name), self._write() as conn:
             for (table, token), ids in dead.items():
                 for start in range(0, len(ids), _BATCH_CHUNK):
@@ -566,19 +618,24 @@ class SqlBinding(Binding):
                     conn.execute(sa.update(table).where(table.c.reserved_at == token,
                                                         table.c.id.in_(chunk)).values(reserved_at=None))
             if rows:
-                conn.execute(update, rows)
+                conn.execute(sa.update(t).where(*held).values(payload=sa.bindparam("b_payload"), **values), rows)
+            if kept:
+                conn.execute(sa.update(t).where(*held).values(**values), kept)
 
     def release(self, message: ReceivedMessage, delay: float = 0) -> None:
-        """Un-reserve the row with ``attempts`` one higher in the column and the body; a DLQ row is just
-        un-reserved, since a drain that gives up must leave the dead letter as it was."""
+        """Un-reserve the row with ``attempts`` one higher in the column and the body (an unread body, over the
+        decode limit, stays as stored); a DLQ row is just un-reserved, since a drain that gives up must leave the
+        dead letter as it was."""
         receipt = self._receipt(message)
         if message.from_dead_letter:
             table = self._dead_table(receipt)
             with self._guard("release a dead letter", message.queue_name), self._write() as conn:
                 conn.execute(sa.update(table).where(self._held(table, receipt)).values(reserved_at=None))
             return
-        values = {"payload": bumped_body(message), "attempts": self._ready.c.attempts + 1, "reserved_at": None,
-                  "available_at": time.time() + max(delay, 0)}
+        values: dict[str, Any] = {"attempts": self._ready.c.attempts + 1, "reserved_at": None,
+                                  "available_at": time.time() + max(delay, 0)}
+        if message.stored_size is None:
+            values["payload"] = bumped_body(message)
         with self._guard("release", message.queue_name), self._write() as conn:
             conn.execute(sa.update(self._ready).where(self._held(self._ready, receipt)).values(**values))
 
@@ -590,7 +647,11 @@ class SqlBinding(Binding):
         A body that cannot be annotated is stored byte for byte, with the reason, error and exception in their
         columns (and read back as a poison wrapper, see :meth:`_message`). The text columns are derived and
         sanitised (:func:`column_text`: no NUL, which PostgreSQL's text refuses, no lone surrogate); the payload
-        is never altered. ``attempts`` is clamped to an older table's 32-bit column (the body keeps the count)."""
+        is never altered. ``attempts`` is clamped to an older table's 32-bit column (the body keeps the count).
+
+        An unread message (over the decode limit, see :meth:`_ready_columns`) is moved inside the database: the
+        dead-letter row is an ``INSERT ... SELECT`` of the reserved row's payload, so the refused body never
+        crosses the wire (:meth:`_move_unread`)."""
         receipt = self._receipt(message)
         source = self._dead_table(receipt) if message.from_dead_letter else self._ready
         annotated = annotated_body(message, reason, error=error, exception=exception)
@@ -599,8 +660,28 @@ class SqlBinding(Binding):
                "error": column_text(error), "exception": column_text(exception), "failed_at": bq.now_ms(),
                "payload": message.body if annotated is None else annotated, "reserved_at": None}
         with self._guard("dead-letter", message.queue_name), self._write() as conn:
-            if conn.execute(sa.delete(source).where(self._held(source, receipt))).rowcount == 1:
+            if message.stored_size is not None:
+                self._move_unread(conn, source, receipt, row)
+            elif conn.execute(sa.delete(source).where(self._held(source, receipt))).rowcount == 1:
                 conn.execute(sa.insert(self._failed), [row])
+
+    def _move_unread(self, conn: Connection, source: sa.Table, receipt: _Receipt, row: dict[str, Any]) -> None:
+        """Dead-letter the reserved row of ``receipt`` with its payload copied by the database: lock the row while
+        this reservation still holds it (``FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE`` holds the whole database),
+        insert the dead-letter row (``row``'s columns, the payload selected from the reserved row), delete the
+        reserved row; one transaction, so a crash leaves the message reserved, never lost or doubled.
+
+        :param row: the dead-letter row's columns but ``payload``; each value is cast to its column's type, which
+            the database could not infer from a parameter in a SELECT list.
+        """
+        held = sa.select(source.c.id).where(self._held(source, receipt)).with_for_update()
+        if conn.execute(held).first() is None:
+            return  # settled already, or expired and reserved again: it is the new holder's
+        names = [name for name in row if name not in ("payload", "reserved_at")]
+        copied = sa.select(*(sa.cast(sa.literal(row[name]), self._failed.c[name].type) for name in names),
+                           source.c.payload).where(source.c.id == receipt.row_id)
+        conn.execute(sa.insert(self._failed).from_select([*names, "payload"], copied))
+        conn.execute(sa.delete(source).where(source.c.id == receipt.row_id))
 
     def depth(self, queue_name: str) -> int:
         now, t = time.time(), self._ready
@@ -638,8 +719,34 @@ class SqlBinding(Binding):
 
         return SqlSeenStore(self, name)
 
+    def sqlite_file(self) -> Path | None:
+        """The SQLite database file the URL names; ``None`` for another database, an in-memory SQLite database
+        or a ``file:`` URI (whose open mode only SQLite reads)."""
+        url = sa.make_url(self.config.url)
+        if (url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:")
+                or url.query.get("uri") == "true"):
+            return None
+        return Path(str(url.database))
+
     def ping(self) -> None:
-        """Run ``SELECT 1``; unlike every other operation it does not create the queue tables."""
+        """Run ``SELECT 1``; unlike every other operation it creates neither the queue tables nor a database file.
+
+        Connecting to SQLite creates the file, so for a file that does not exist yet ping only checks that its
+        folder exists and is writable (the first publish creates the file there) and connects to nothing.
+
+        :raises BindingError: the database cannot be reached, or the SQLite file is missing and could not be
+            created where it is meant to be.
+        """
+        path = self.sqlite_file()
+        if path is not None and not path.exists():
+            folder = path.parent
+            if not folder.is_dir():
+                raise BindingError(f"SQLite file {path} does not exist, nor does its folder {folder}: the first "
+                                   "publish could not create it; create the folder or point the connection elsewhere")
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise BindingError(f"SQLite file {path} does not exist, and its folder {folder} is not writable by "
+                                   "this process: the first publish could not create it")
+            return
         with self._guard("reach the database", None), self._get_engine(create_tables=False).connect() as conn:
             conn.execute(sa.text("SELECT 1"))
 
