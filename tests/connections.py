@@ -14,22 +14,22 @@ import pytest
 SPECS: dict[str, dict[str, Any] | None] = {
     "babelqueue_default": None,
     "bq_postgres": {
-        "conn_type": "babelqueue_sql",
+        "conn_type": "babelqueue+sql",
         "host": "127.0.0.1",
         "port": 5432,
         "login": "postgres",
         "schema": "test",
         "extra": {"dialect": "postgresql", "table": "op_jobs"},
     },
-    "bq_redis": {"conn_type": "babelqueue_redis", "host": "127.0.0.1", "port": 6379, "extra": {"key_prefix": "bqop:"}},
+    "bq_redis": {"conn_type": "babelqueue+redis", "host": "127.0.0.1", "port": 6379, "extra": {"key_prefix": "bqop:"}},
     "bq_rabbitmq": {
-        "conn_type": "babelqueue_rabbitmq",
+        "conn_type": "babelqueue+rabbitmq",
         "host": "127.0.0.1",
         "port": 5672,
         "login": "guest",
         "password": "guest",
     },
-    "bq_sqs": {"conn_type": "babelqueue_sqs", "login": "testing", "password": "testing"},  # + moto endpoint
+    "bq_sqs": {"conn_type": "babelqueue+sqs", "login": "testing", "password": "testing"},  # + moto endpoint
 }
 ALL = list(SPECS)
 #: connections whose broker can browse its dead-letter queue (filters by reason/URN, browse drains)
@@ -41,7 +41,8 @@ def spec(conn_id: str) -> dict[str, Any] | None:
     if conn_id == "bq_sqs":
         from tests.bindings.sqs_server import REGION, moto_endpoint
 
-        value = {**value, "extra": {"region_name": REGION, "endpoint_url": moto_endpoint()}}
+        # create_queues: the operator tests publish to fresh queues, and SQS creates none by default
+        value = {**value, "extra": {"region_name": REGION, "endpoint_url": moto_endpoint(), "create_queues": True}}
     return value
 
 

@@ -84,9 +84,10 @@ def test_strict_mode_fails_on_a_broken_link(tmp_path: Path) -> None:
 def connection_pages() -> dict[str, Path]:
     from airflow_provider_babelqueue.get_provider_info import get_provider_info
 
-    types = [entry["connection-type"] for entry in get_provider_info()["connection-types"]]
-    return {t: ROOT / "docs" / "connections" / (t.removeprefix("babelqueue_").replace("_", "-") + ".md")
-            for t in types}
+    # the page is named after the hook's module: airflow_provider_babelqueue.hooks.azure_service_bus → azure-service-bus
+    entries = get_provider_info()["connection-types"]
+    return {e["connection-type"]: ROOT / "docs" / "connections" /
+            (e["hook-class-name"].split(".")[-2].replace("_", "-") + ".md") for e in entries}
 
 
 @pytest.mark.parametrize("conn_type", sorted(connection_pages()))

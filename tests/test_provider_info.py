@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -40,7 +41,8 @@ def test_each_connection_field_says_what_its_declaration_says(conn_type: str) ->
         assert schema["type"] == [JSON_TYPES[extra.kind], "null"]
         assert (schema.get("format") == "password") is extra.secret
         assert schema.get("default") == extra.default
-        assert schema.get("enum") == ([*extra.choices, None] if extra.choices else None)
+        # no None among the choices: Airflow's form would offer it as the option "null" (the field stays clearable)
+        assert schema.get("enum") == (list(extra.choices) if extra.choices else None)
 
 
 def test_the_hook_modules_listed_are_the_declared_ones() -> None:
@@ -66,3 +68,48 @@ def test_airflow_builds_the_connection_forms_from_the_declarations() -> None:
         info = hooks[conn_type]
         assert info is not None and (info.hook_class_name, info.hook_name) == (spec.hook_class, spec.hook_name)
         assert info.connection_testable
+
+
+def test_provider_info_is_valid_for_airflows_schema() -> None:
+    """The schema Airflow validates provider info with (``plugins``, ``extra-links`` and ``config`` included)."""
+    import airflow
+    import jsonschema
+
+    schema = json.loads((Path(airflow.__file__).parent / "provider_info.schema.json").read_text())
+    jsonschema.validators.validator_for(schema)(schema).validate(get_provider_info())
+
+
+def test_the_plugin_and_the_report_link_are_registered_and_importable() -> None:
+    """Airflow's providers manager lists the plugin and the link from the provider info; each named class is
+    what Airflow expects (a plugin by name, a BaseOperatorLink)."""
+    from airflow._shared.module_loading import import_string
+    from airflow.plugins_manager import is_valid_plugin
+    from airflow.providers_manager import ProvidersManager
+    from airflow.sdk import BaseOperatorLink
+
+    info = get_provider_info()
+    assert info["plugins"] == [
+        {"name": "babelqueue", "plugin-class": "airflow_provider_babelqueue.plugins.plugin.BabelQueuePlugin"}
+    ]
+    assert info["extra-links"] == ["airflow_provider_babelqueue.operators.links.BabelQueueReportLink"]
+    manager = ProvidersManager()
+    manager.initialize_providers_plugins()
+    [plugin] = [p for p in manager.plugins if p.provider_name == "airflow-provider-babelqueue"]
+    assert (plugin.name, plugin.plugin_class) == ("babelqueue", info["plugins"][0]["plugin-class"])
+    assert is_valid_plugin(import_string(plugin.plugin_class))
+    assert set(info["extra-links"]) <= set(manager.extra_links_class_names)
+    assert issubclass(import_string(info["extra-links"][0]), BaseOperatorLink)
+    assert set(info["config"]) == {"babelqueue"} and "report_roots" in info["config"]["babelqueue"]["options"]
+
+
+def test_importing_the_plugin_leaves_the_web_application_unbuilt() -> None:
+    """Every Airflow component imports plugin classes (the scheduler, the DAG processor, each task process): the
+    FastAPI app and Airflow's API-server security module load only when ``fastapi_apps`` is read."""
+    code = ("import sys; from airflow_provider_babelqueue.plugins.plugin import BabelQueuePlugin as P\n"
+            "heavy = sorted(m for m in sys.modules if m == 'fastapi' or m.startswith('airflow.api_fastapi'))\n"
+            "assert not heavy, heavy\n"
+            "[app] = P.fastapi_apps\n"
+            "assert app['url_prefix'] == '/babelqueue' and type(app['app']).__name__ == 'FastAPI', app\n"
+            "assert P.fastapi_apps[0]['app'] is app['app']\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]

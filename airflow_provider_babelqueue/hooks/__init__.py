@@ -5,10 +5,15 @@ branch on the broker.
 
 Importing this package is cheap (no Airflow, no binding): the provider info reads the connection declarations
 below it while Airflow loads its configuration.
+
+Connection types are named ``babelqueue+<broker>``. Connections saved with the earlier names
+(``babelqueue_<broker>``, which Airflow warns about whenever it renders them as a URI) resolve to the same hooks;
+Airflow's UI lists only the current names.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from importlib import import_module
 from typing import TYPE_CHECKING
@@ -20,12 +25,28 @@ if TYPE_CHECKING:
 
     from .base import BabelQueueHook
 
-__all__ = ["DEFAULT_CONN_ID", "HOOK_CLASSES", "default_sqlite_path", "get_hook"]
+__all__ = ["DEFAULT_CONN_ID", "FORMER_CONN_TYPES", "HOOK_CLASSES", "current_conn_type", "default_sqlite_path",
+           "get_hook"]
 
 DEFAULT_CONN_ID = "babelqueue_default"
 
-#: connection type → hook class path, from the declarations in :mod:`.connection_specs`.
+#: connection type → hook class path, from the declarations in :mod:`.connection_specs` (current names only: the
+#: ones registered with Airflow).
 HOOK_CLASSES = {spec.conn_type: spec.hook_class for spec in CONNECTION_SPECS}
+
+#: former connection type → its current name (``babelqueue_redis`` → ``babelqueue+redis``).
+FORMER_CONN_TYPES = {former: spec.conn_type for spec in CONNECTION_SPECS for former in spec.former_conn_types}
+
+logger = logging.getLogger(__name__)
+_noted: set[tuple[str, str]] = set()
+
+
+def current_conn_type(conn_type: str | None) -> str | None:
+    """The current name of a BabelQueue connection type, given the current or a former one; ``None`` for a type
+    that is not BabelQueue's."""
+    if conn_type in HOOK_CLASSES:
+        return conn_type
+    return FORMER_CONN_TYPES.get(conn_type or "")
 
 
 def default_sqlite_path() -> Path:
@@ -46,6 +67,9 @@ def get_hook(babelqueue_conn_id: str = DEFAULT_CONN_ID) -> BabelQueueHook:
     The id ``babelqueue_default`` works with no connection defined: it is the embedded SQLite queue at
     :func:`default_sqlite_path`. Any other id must exist and have one of the BabelQueue types.
 
+    The connection's type may be a current name or a former one (:data:`FORMER_CONN_TYPES`): connections saved
+    before the rename keep working, and are noted once per process in the log at INFO.
+
     :raises BindingError: for a connection of another type, naming the types that would work.
     """
     from airflow.sdk import BaseHook
@@ -60,10 +84,17 @@ def get_hook(babelqueue_conn_id: str = DEFAULT_CONN_ID) -> BabelQueueHook:
             raise
         from airflow.sdk import Connection
 
-        connection = Connection(conn_id=DEFAULT_CONN_ID, conn_type="babelqueue_sql")
-    if connection.conn_type not in HOOK_CLASSES:
+        from .connection_specs import SQL
+
+        connection = Connection(conn_id=DEFAULT_CONN_ID, conn_type=SQL.conn_type)
+    conn_type = current_conn_type(connection.conn_type)
+    if conn_type is None:
         raise BindingError(
             f"connection {babelqueue_conn_id!r} has type {connection.conn_type!r}; a BabelQueue connection must "
             f"have one of the types {', '.join(sorted(HOOK_CLASSES))}"
         )
-    return _hook_class(connection.conn_type)(babelqueue_conn_id, connection=connection)
+    if conn_type != connection.conn_type and (babelqueue_conn_id, conn_type) not in _noted:
+        _noted.add((babelqueue_conn_id, conn_type))
+        logger.info("Connection %r has the former type name %r, still accepted; its current name is %r",
+                    babelqueue_conn_id, connection.conn_type, conn_type)
+    return _hook_class(conn_type)(babelqueue_conn_id, connection=connection)

@@ -1,4 +1,4 @@
-"""Hook for the Azure Service Bus binding (connection type ``babelqueue_azure_service_bus``)."""
+"""Hook for the Azure Service Bus binding (connection type ``babelqueue+servicebus``)."""
 
 from __future__ import annotations
 

@@ -30,6 +30,7 @@ from airflow.sdk import BaseHook, Connection
 from ..bindings.base import Binding
 from ..bindings.redaction import is_secret_name, redact, scrub, url_secrets
 from ..core.errors import ConnectionConfigError
+from .client_logs import quiet_client_loggers
 from .fields import ConnectionSpec, Extra
 
 __all__ = [
@@ -226,6 +227,11 @@ class BabelQueueHook(BaseHook, abc.ABC):
         """Where the connection points, without secrets (used in messages; a host given as a URL is redacted)."""
         return f"{redact(connection.host or 'localhost')}:{connection.port or ''}".rstrip(":")
 
+    def reached(self, connection: Connection, binding: Binding) -> str:
+        """What :meth:`test_connection` reports after ``binding.ping()`` succeeded; a hook whose ping can succeed
+        without connecting (a SQLite file that does not exist yet) says so instead."""
+        return f"Connected to {self.hook_name} at {self.describe(connection)}"
+
     # ------------------------------------------------------------------------------------- shared
 
     @property
@@ -235,11 +241,13 @@ class BabelQueueHook(BaseHook, abc.ABC):
         return self._connection
 
     def extras(self, connection: Connection) -> dict[str, Any]:
-        """Allowlisted extras, read by name (the UI's ``extra__<type>__<name>`` form is accepted too)."""
+        """Allowlisted extras, read by name (the UI's ``extra__<type>__<name>`` form is accepted too, under the
+        type's current or former names)."""
         raw = connection.extra_dejson or {}
         out: dict[str, Any] = {}
+        conn_types = self.connection_spec.conn_types
         for name in self.extra_fields:
-            for key in (name, f"extra__{self.conn_type}__{name}"):
+            for key in (name, *(f"extra__{conn_type}__{name}" for conn_type in conn_types)):
                 if key in raw and raw[key] not in (None, ""):
                     out[name] = raw[key]
                     break
@@ -254,13 +262,17 @@ class BabelQueueHook(BaseHook, abc.ABC):
         """The binding for this connection, created on first use and reused afterwards.
 
         The connection's embedded secrets (see :func:`connection_secrets`) are registered with Airflow's log
-        masker first, so a broker error that echoes a URL cannot print them in a task log.
+        masker first, so a broker error that echoes a URL cannot print them in a task log. The broker client's
+        loggers are set to WARNING unless the user chose their level
+        (:func:`~airflow_provider_babelqueue.hooks.client_logs.quiet_client_loggers`).
         """
         if self._binding is None:
             connection = self.connection
             extras = self.extras(connection)
             _mask_in_logs(connection_secrets(connection, extras))
-            self._binding = self.build_binding(connection, extras)
+            binding = self.build_binding(connection, extras)
+            quiet_client_loggers(binding.client_loggers)  # bindings connect lazily: before any client line
+            self._binding = binding
         return self._binding
 
     def test_connection(self) -> tuple[bool, str]:
@@ -277,11 +289,12 @@ class BabelQueueHook(BaseHook, abc.ABC):
             extras = self.extras(connection)
             _mask_in_logs(connection_secrets(connection, extras))
             binding = self.build_binding(connection, extras)
+            quiet_client_loggers(binding.client_loggers)
             try:
                 binding.ping()
+                message = self.reached(connection, binding)
             finally:
                 binding.close()
-            message = f"Connected to {self.hook_name} at {self.describe(connection)}"
         except Exception as exc:  # noqa: BLE001 - the UI wants a message, not a traceback
             return False, scrub(f"{type(exc).__name__}: {exc}", connection_secrets(connection, extras))
         return True, scrub(message, connection_secrets(connection, extras))

@@ -1,5 +1,8 @@
 """The six BabelQueue connection types, each declared once.
 
+Their names are ``babelqueue+<broker>``; the earlier names (``babelqueue_<broker>``) are kept as
+``former_conn_types`` and still resolve to the same hook (see :mod:`airflow_provider_babelqueue.hooks`).
+
 Each hook reads its extras through its spec, the provider info lists them from it, and the extras tables of
 ``docs/connections/*.md`` are rendered from it. Change a field here and all three follow (the docs page is
 checked by a test that prints the table to paste).
@@ -43,7 +46,8 @@ def _dead_letter_sources(description: str, *, doc: str, default: str | None = No
 
 
 SQL = ConnectionSpec(
-    conn_type="babelqueue_sql",
+    conn_type="babelqueue+sql",
+    former_conn_types=("babelqueue_sql",),
     hook_name="BabelQueue SQL",
     hook_class=f"{_HOOKS}.sql.BabelQueueSqlHook",
     ui=UiBehaviour(
@@ -73,7 +77,7 @@ SQL = ConnectionSpec(
             "Larger bodies are refused before the INSERT (SQLite's limit is 10^9 bytes)", default=1_000_000_000,
             minimum=1,
             doc="a larger body is refused before the INSERT, naming this limit (SQLite's `SQLITE_MAX_LENGTH`)"),
-        Extra("sslmode", "enum", "PostgreSQL sslmode", "libpq sslmode: disable, require, verify-ca or verify-full",
+        Extra("sslmode", "enum", "PostgreSQL sslmode", "libpq's sslmode; empty: libpq's default (prefer)",
               choices=("disable", "allow", "prefer", "require", "verify-ca", "verify-full"), to_config=False,
               doc="PostgreSQL: `disable`, `require`, `verify-ca` or `verify-full`", doc_default="libpq's (`prefer`)"),
         Extra("sslrootcert", "path", "PostgreSQL CA bundle path", to_config=False,
@@ -86,7 +90,8 @@ SQL = ConnectionSpec(
 )
 
 REDIS = ConnectionSpec(
-    conn_type="babelqueue_redis",
+    conn_type="babelqueue+redis",
+    former_conn_types=("babelqueue_redis",),
     hook_name="BabelQueue Redis",
     hook_class=f"{_HOOKS}.redis.BabelQueueRedisHook",
     ui=UiBehaviour(
@@ -125,7 +130,8 @@ REDIS = ConnectionSpec(
 )
 
 RABBITMQ = ConnectionSpec(
-    conn_type="babelqueue_rabbitmq",
+    conn_type="babelqueue+rabbitmq",
+    former_conn_types=("babelqueue_rabbitmq",),
     hook_name="BabelQueue RabbitMQ",
     hook_class=f"{_HOOKS}.rabbitmq.BabelQueueRabbitMQHook",
     ui=UiBehaviour(
@@ -164,7 +170,8 @@ RABBITMQ = ConnectionSpec(
 )
 
 SQS = ConnectionSpec(
-    conn_type="babelqueue_sqs",
+    conn_type="babelqueue+sqs",
+    former_conn_types=("babelqueue_sqs",),
     hook_name="BabelQueue Amazon SQS",
     hook_class=f"{_HOOKS}.sqs.BabelQueueSqsHook",
     ui=UiBehaviour(
@@ -204,8 +211,10 @@ SQS = ConnectionSpec(
               "Count in-flight and delayed messages in depth", default=False,
               doc="`depth` also counts in-flight and delayed messages"),
         Extra("create_queues", "bool", "Create missing queues",
-              "Off: queues are provisioned elsewhere (IaC); a missing queue is an error", default=True,
-              doc="create missing queues on first use; turn off where queues are provisioned by IaC"),
+              "On: a missing queue (and its -failed DLQ) is created on first use; off: it is an error",
+              default=False,
+              doc="create a missing queue (and the fallback DLQ) on first use, with this connection's settings; "
+              "off, a missing queue is an error naming it, so a typo never creates a queue nobody reads"),
         Extra("visibility_timeout", "int", "Visibility timeout (s)",
               "Whole seconds a received message stays hidden; empty: the queue's own", minimum=0, maximum=43200,
               doc="whole seconds a received message stays hidden (sent with every receive)",
@@ -216,7 +225,8 @@ SQS = ConnectionSpec(
 )
 
 PULSAR = ConnectionSpec(
-    conn_type="babelqueue_pulsar",
+    conn_type="babelqueue+pulsar",
+    former_conn_types=("babelqueue_pulsar",),
     hook_name="BabelQueue Apache Pulsar",
     hook_class=f"{_HOOKS}.pulsar.BabelQueuePulsarHook",
     ui=UiBehaviour(
@@ -272,7 +282,8 @@ PULSAR = ConnectionSpec(
 )
 
 AZURE_SERVICE_BUS = ConnectionSpec(
-    conn_type="babelqueue_azure_service_bus",
+    conn_type="babelqueue+servicebus",
+    former_conn_types=("babelqueue_azure_service_bus",),
     hook_name="BabelQueue Azure Service Bus",
     hook_class=f"{_HOOKS}.azure_service_bus.BabelQueueAzureServiceBusHook",
     ui=UiBehaviour(

@@ -14,12 +14,18 @@ nothing reachable from here may import Airflow or a broker client.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
-__all__ = ["ConnectionSpec", "Extra", "Kind", "UiBehaviour"]
+__all__ = ["CONN_TYPE", "ConnectionSpec", "Extra", "Kind", "UiBehaviour"]
+
+#: What a connection type may be spelled with: a lower-case letter first, then lower-case letters, digits and
+#: ``+``. Airflow rewrites ``-`` in a connection URI's scheme to ``_`` (so ``-`` does not survive a round trip)
+#: and logs a warning for every ``_`` whenever it renders such a connection as a URI.
+CONN_TYPE = re.compile(r"[a-z][a-z0-9+]*")
 
 #: How an extra's value is read: ``str`` and ``path`` as text, ``enum`` as one of ``choices``, ``int`` as a whole
 #: number >= 0, ``float`` as a number >= 0, ``bool`` as true/false (``"yes"``, ``"0"`` and the like included).
@@ -87,7 +93,9 @@ class Extra:
         bounds."""
         schema: dict[str, Any] = {"type": [_JSON_TYPES[self.kind], "null"]}
         if self.choices:
-            schema["enum"] = [*self.choices, None]
+            # No ``None`` among the choices, although the field may stay empty: Airflow's form lists every enum
+            # value as an option, ``None`` as the word "null", and its dropdown is clearable anyway.
+            schema["enum"] = list(self.choices)
         if self.secret:
             schema["format"] = "password"
         if self.default is not None:
@@ -147,12 +155,16 @@ class UiBehaviour:
 class ConnectionSpec:
     """Everything said about one connection type, once.
 
-    :param conn_type: Airflow's connection type (``babelqueue_<broker>``: plain broker names belong to other
-        providers, and a clash stops Airflow from loading either).
+    :param conn_type: Airflow's connection type, ``babelqueue+<broker>``. Namespaced, because plain broker names
+        belong to other providers and a clash stops Airflow from loading either. Nothing but letters, digits and
+        ``+``: the type is also a connection URI's scheme, where Airflow turns ``-`` into ``_`` and warns about
+        every ``_`` (RFC 3986 does not allow it), so only such a name comes back from a URI as it went in.
     :param hook_name: the name the UI lists the type under.
     :param hook_class: the dotted path of the hook class (a path, not the class: this module imports no Airflow).
     :param extras: the only extras the hook reads, in the order the form and the docs show them.
     :param ui: how the form shows the standard fields.
+    :param former_conn_types: earlier names of this type, still resolved to the same hook so that connections
+        saved with them keep working (they are not registered with Airflow: the UI lists each type once).
     """
 
     conn_type: str
@@ -160,11 +172,20 @@ class ConnectionSpec:
     hook_class: str
     extras: tuple[Extra, ...]
     ui: UiBehaviour = UiBehaviour()
+    former_conn_types: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         names = [extra.name for extra in self.extras]
         if len(set(names)) != len(names):
             raise ValueError(f"{self.conn_type}: an extra is declared twice in {names}")
+        if not CONN_TYPE.fullmatch(self.conn_type):
+            raise ValueError(f"connection type {self.conn_type!r}: letters, digits and '+' only (a URI scheme "
+                             "Airflow neither rewrites nor warns about)")
+
+    @property
+    def conn_types(self) -> tuple[str, ...]:
+        """Every name that means this type: the current one first, then the former ones."""
+        return (self.conn_type, *self.former_conn_types)
 
     @property
     def extra_names(self) -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""Hook for the Apache Pulsar binding (connection type ``babelqueue_pulsar``)."""
+"""Hook for the Apache Pulsar binding (connection type ``babelqueue+pulsar``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hook for the RabbitMQ binding (connection type ``babelqueue_rabbitmq``)."""
+"""Hook for the RabbitMQ binding (connection type ``babelqueue+rabbitmq``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hook for the Redis binding (connection type ``babelqueue_redis``)."""
+"""Hook for the Redis binding (connection type ``babelqueue+redis``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hook for the SQL table binding (connection type ``babelqueue_sql``): SQLite by default, PostgreSQL too."""
+"""Hook for the SQL table binding (connection type ``babelqueue+sql``): SQLite by default, PostgreSQL too."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ _TLS_EXTRAS = ("sslmode", "sslrootcert", "sslcert", "sslkey")
 
 
 def sql_url(connection: Connection, extras: dict[str, Any]) -> str:
-    """The SQLAlchemy URL a ``babelqueue_sql`` connection stands for.
+    """The SQLAlchemy URL a ``babelqueue+sql`` connection stands for.
 
     ``sqlalchemy_url`` (any driver) wins. Otherwise ``dialect`` (``sqlite`` by default, or ``postgresql``)
     with the standard fields: for SQLite ``host`` is the database file path (default
@@ -37,7 +37,7 @@ def sql_url(connection: Connection, extras: dict[str, Any]) -> str:
     if values.get("dialect", "sqlite") == "sqlite":
         return sqlite_url(connection.host or default_sqlite_path())
     if not connection.host:
-        raise ConnectionConfigError("a PostgreSQL babelqueue_sql connection needs a host")
+        raise ConnectionConfigError("a PostgreSQL babelqueue+sql connection needs a host")
     auth = ""
     if connection.login:
         auth = quote(connection.login, safe="")
@@ -69,6 +69,18 @@ class BabelQueueSqlHook(BabelQueueHook):
         if "dead_letter_sources" in extras:  # a JSON list or comma text, as it is: the config splits and checks it
             options["dead_letter_sources"] = extras["dead_letter_sources"]
         return SqlBinding(make_config(SqlConfig, connection, options))
+
+    def reached(self, connection: Connection, binding: Binding) -> str:
+        """As the base says, except for a SQLite file that does not exist yet: ``ping`` checked that its folder
+        can hold it and created nothing (opening SQLite creates the file), so the message says the file is
+        still to come."""
+        from ..bindings.sql import SqlBinding
+
+        path = binding.sqlite_file() if isinstance(binding, SqlBinding) else None
+        if path is not None and not path.exists():
+            return (f"SQLite file {path} does not exist yet: the first use (a publish, a read) creates it, and its "
+                    "folder exists and is writable. This test created nothing")
+        return super().reached(connection, binding)
 
     def describe(self, connection: Connection) -> str:
         """Where the database is: the URL without its userinfo (user and password) and with secret query

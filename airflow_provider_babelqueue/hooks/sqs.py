@@ -1,4 +1,4 @@
-"""Hook for the Amazon SQS binding (connection type ``babelqueue_sqs``)."""
+"""Hook for the Amazon SQS binding (connection type ``babelqueue+sqs``)."""
 
 from __future__ import annotations
 

@@ -146,7 +146,7 @@ def _sqs(tmp_path: Path, cleanups: list[Callable[[], None]], **options: Any) -> 
             endpoint_url=endpoint,
             aws_access_key_id="testing",
             aws_secret_access_key="testing",
-            **options,
+            **({"create_queues": True} | options),  # the contract's tests publish to fresh queues
         )
     )
     cleanups.append(binding.close)

@@ -386,7 +386,7 @@ def test_queues_are_not_created_unless_asked_and_errors_name_the_queue_without_s
 
 
 def test_seen_store_is_refused(make: Factory) -> None:
-    with pytest.raises(NotSupportedError, match="use a babelqueue_sql or babelqueue_redis connection"):
+    with pytest.raises(NotSupportedError, match=r"use a babelqueue\+sql or babelqueue\+redis connection"):
         make().seen_store("ledger")
 
 
@@ -403,7 +403,7 @@ def test_hook_round_trip_and_a_test_connection_that_changes_nothing(monkeypatch:
     extra = {"connection_verify": double.ca_file, "create_queues": "true", "lock_duration": "30",
              "max_delivery_count": 4, "dead_letter_queue_suffix": ".dlq", "min_receive_wait": 0.1,
              "region": "ignored: not allowlisted"}
-    conn_id = define(monkeypatch, "bq_asb", {"conn_type": "babelqueue_azure_service_bus",
+    conn_id = define(monkeypatch, "bq_asb", {"conn_type": "babelqueue+servicebus",
                                              "password": double.connection_string, "extra": extra})
     hook = get_hook(conn_id)
     assert isinstance(hook, BabelQueueAzureServiceBusHook)
@@ -435,7 +435,7 @@ def test_hook_round_trip_and_a_test_connection_that_changes_nothing(monkeypatch:
     ],
 )
 def test_bad_connections_name_the_field(monkeypatch: pytest.MonkeyPatch, spec: dict[str, Any], message: str) -> None:
-    hook = get_hook(define(monkeypatch, "bq_asb_bad", {"conn_type": "babelqueue_azure_service_bus"} | spec))
+    hook = get_hook(define(monkeypatch, "bq_asb_bad", {"conn_type": "babelqueue+servicebus"} | spec))
     with pytest.raises(ConnectionConfigError, match=message):
         hook.get_binding()
     ok, text = hook.test_connection()
@@ -443,7 +443,7 @@ def test_bad_connections_name_the_field(monkeypatch: pytest.MonkeyPatch, spec: d
 
 
 def test_a_namespace_connection_uses_default_azure_credential_lazily(monkeypatch: pytest.MonkeyPatch) -> None:
-    hook = get_hook(define(monkeypatch, "bq_asb_ns", {"conn_type": "babelqueue_azure_service_bus",
+    hook = get_hook(define(monkeypatch, "bq_asb_ns", {"conn_type": "babelqueue+servicebus",
                                                       "host": "contoso.servicebus.windows.net"}))
     binding = hook.get_binding()  # no network, no credential lookup yet
     assert binding.config.fully_qualified_namespace == "contoso.servicebus.windows.net"

@@ -285,7 +285,7 @@ def test_the_connection_extra_configures_the_sources(extra: dict[str, Any], expe
 
     from airflow_provider_babelqueue.hooks.redis import BabelQueueRedisHook
 
-    connection = Connection(conn_id="dls", conn_type="babelqueue_redis", host="127.0.0.1", extra=json.dumps(extra))
+    connection = Connection(conn_id="dls", conn_type="babelqueue+redis", host="127.0.0.1", extra=json.dumps(extra))
     binding = BabelQueueRedisHook(connection=connection).get_binding()
     assert binding.dead_letter_sources("q") == expected
     binding.close()
@@ -297,7 +297,7 @@ def test_a_bad_entry_names_the_connection() -> None:
     from airflow_provider_babelqueue.core.errors import ConnectionConfigError
     from airflow_provider_babelqueue.hooks.sql import BabelQueueSqlHook
 
-    connection = Connection(conn_id="dls", conn_type="babelqueue_sql", host="/tmp/unused.sqlite",
+    connection = Connection(conn_id="dls", conn_type="babelqueue+sql", host="/tmp/unused.sqlite",
                             extra=json.dumps({"dead_letter_sources": "bad name"}))
     with pytest.raises(ConnectionConfigError, match="connection 'dls'.*'bad name' is not a table name"):
         BabelQueueSqlHook(connection=connection).get_binding()

@@ -344,7 +344,7 @@ def test_browse_and_seen_store_are_refused_clearly(make: Factory, q: str) -> Non
     with pytest.raises(NotSupportedError, match=f"Pulsar cannot list the dead letters of 'persistent://public/"
                                                 f"default/{q}.dlq' without taking them"):
         binding.browse_dead_letters(q)
-    with pytest.raises(NotSupportedError, match="use a babelqueue_sql or babelqueue_redis connection"):
+    with pytest.raises(NotSupportedError, match=r"use a babelqueue\+sql or babelqueue\+redis connection"):
         binding.seen_store("ledger")
 
 
@@ -535,7 +535,7 @@ def test_hook_builds_the_binding_from_allowlisted_extras(monkeypatch: pytest.Mon
         "tls_validate_hostname": "false",
         "topic_prefix": "not read",
     }
-    conn_id = define(monkeypatch, "bq_pulsar", {"conn_type": "babelqueue_pulsar", "host": "127.0.0.1",
+    conn_id = define(monkeypatch, "bq_pulsar", {"conn_type": "babelqueue+pulsar", "host": "127.0.0.1",
                                                 "password": TOKEN, "extra": extra})
     assert isinstance(get_hook(conn_id), BabelQueuePulsarHook)
     hook = BabelQueuePulsarHook(conn_id, client_factory=broker.client)
@@ -553,7 +553,7 @@ def test_hook_builds_the_binding_from_allowlisted_extras(monkeypatch: pytest.Mon
 
 def test_hook_test_connection_has_no_side_effects(monkeypatch: pytest.MonkeyPatch, broker: FakePulsarBroker,
                                                   admin: FakeAdminServer) -> None:
-    conn_id = define(monkeypatch, "bq_pulsar_ping", {"conn_type": "babelqueue_pulsar", "host": "127.0.0.1",
+    conn_id = define(monkeypatch, "bq_pulsar_ping", {"conn_type": "babelqueue+pulsar", "host": "127.0.0.1",
                                                      "password": TOKEN, "extra": {"admin_url": admin.url}})
     hook = BabelQueuePulsarHook(conn_id, client_factory=broker.client)
     assert hook.test_connection() == (True, f"Connected to BabelQueue Apache Pulsar at {SERVICE_URL} (admin "
@@ -564,11 +564,11 @@ def test_hook_test_connection_has_no_side_effects(monkeypatch: pytest.MonkeyPatc
 
 def test_hook_test_connection_says_what_is_wrong(monkeypatch: pytest.MonkeyPatch, broker: FakePulsarBroker,
                                                  admin: FakeAdminServer) -> None:
-    wrong = define(monkeypatch, "bq_pulsar_wrong", {"conn_type": "babelqueue_pulsar", "password": "not-the-token",
+    wrong = define(monkeypatch, "bq_pulsar_wrong", {"conn_type": "babelqueue+pulsar", "password": "not-the-token",
                                                     "extra": {"admin_url": admin.url}})
     ok, message = BabelQueuePulsarHook(wrong, client_factory=broker.client).test_connection()
     assert ok is False and "refused the token (401)" in message and "not-the-token" not in message
-    closed = define(monkeypatch, "bq_pulsar_closed", {"conn_type": "babelqueue_pulsar", "host": "127.0.0.1",
+    closed = define(monkeypatch, "bq_pulsar_closed", {"conn_type": "babelqueue+pulsar", "host": "127.0.0.1",
                                                       "port": free_port(), "password": TOKEN,
                                                       "extra": {"admin_url": admin.url,
                                                                 "operation_timeout_seconds": 1}})
@@ -580,11 +580,11 @@ def test_hook_urls() -> None:
     from airflow.sdk import Connection
 
     hook = BabelQueuePulsarHook("unused")
-    assert hook.urls(Connection(conn_id="a", conn_type="babelqueue_pulsar", host="pulsar.internal"), {}) == (
+    assert hook.urls(Connection(conn_id="a", conn_type="babelqueue+pulsar", host="pulsar.internal"), {}) == (
         "pulsar://pulsar.internal:6650", "http://pulsar.internal:8080")
-    assert hook.urls(Connection(conn_id="b", conn_type="babelqueue_pulsar", host="pulsar.internal"),
+    assert hook.urls(Connection(conn_id="b", conn_type="babelqueue+pulsar", host="pulsar.internal"),
                      {"ssl": "true"}) == ("pulsar+ssl://pulsar.internal:6651", "https://pulsar.internal:8443")
-    full = Connection(conn_id="c", conn_type="babelqueue_pulsar", host="pulsar+ssl://p1:6651,p2:6651")
+    full = Connection(conn_id="c", conn_type="babelqueue+pulsar", host="pulsar+ssl://p1:6651,p2:6651")
     assert hook.urls(full, {"admin_url": "https://admin:443"}) == ("pulsar+ssl://p1:6651,p2:6651", "https://admin:443")
 
 
@@ -599,7 +599,7 @@ def test_hook_urls() -> None:
     ],
 )
 def test_hook_bad_fields_name_the_field(monkeypatch: pytest.MonkeyPatch, extra: dict[str, Any], message: str) -> None:
-    hook = BabelQueuePulsarHook(define(monkeypatch, "bq_pulsar_bad", {"conn_type": "babelqueue_pulsar",
+    hook = BabelQueuePulsarHook(define(monkeypatch, "bq_pulsar_bad", {"conn_type": "babelqueue+pulsar",
                                                                       "extra": extra}))
     with pytest.raises(ConnectionConfigError, match=message):
         hook.get_binding()

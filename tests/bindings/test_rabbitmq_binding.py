@@ -580,7 +580,7 @@ def test_hook_reads_fields_and_allowlisted_extras(monkeypatch: pytest.MonkeyPatc
 
     extra = {"dead_letter_suffix": ".dlq", "declare_queues": "true", "publisher_confirms": "yes", "heartbeat": "30",
              "ssl": False, "visibility_timeout": 1, "password": "not-read-from-extra"}
-    spec = {"conn_type": "babelqueue_rabbitmq", "host": HOST, "port": PORT, "schema": "/", "login": "guest",
+    spec = {"conn_type": "babelqueue+rabbitmq", "host": HOST, "port": PORT, "schema": "/", "login": "guest",
             "password": "guest", "extra": extra}
     hook = BabelQueueRabbitMQHook(define(monkeypatch, "bq_rabbit", spec))
     try:
@@ -611,7 +611,7 @@ def test_hook_test_connection_says_what_is_wrong(monkeypatch: pytest.MonkeyPatch
 
     if spec["port"] == "CLOSED":
         spec = {**spec, "port": free_port()}
-    hook = BabelQueueRabbitMQHook(define(monkeypatch, "bq_rabbit_bad", {"conn_type": "babelqueue_rabbitmq", **spec}))
+    hook = BabelQueueRabbitMQHook(define(monkeypatch, "bq_rabbit_bad", {"conn_type": "babelqueue+rabbitmq", **spec}))
     ok, message = hook.test_connection()
     assert ok is False and fragment in message and "Hunter2-secret" not in message, message
 
@@ -625,7 +625,7 @@ def test_hook_bad_extras_name_the_field(monkeypatch: pytest.MonkeyPatch, extra: 
     from airflow_provider_babelqueue.hooks.base import ConnectionConfigError
     from airflow_provider_babelqueue.hooks.rabbitmq import BabelQueueRabbitMQHook
 
-    hook = BabelQueueRabbitMQHook(define(monkeypatch, "bq_rabbit_x", {"conn_type": "babelqueue_rabbitmq",
+    hook = BabelQueueRabbitMQHook(define(monkeypatch, "bq_rabbit_x", {"conn_type": "babelqueue+rabbitmq",
                                                                        "extra": extra}))
     with pytest.raises(ConnectionConfigError, match=message):
         hook.get_binding()

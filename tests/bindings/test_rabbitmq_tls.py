@@ -131,7 +131,7 @@ def test_hook_reaches_rabbitmq_over_tls_with_every_connection_setting(
 ) -> None:
     if form == "json":
         spec = json.dumps({
-            "conn_type": "babelqueue_rabbitmq",
+            "conn_type": "babelqueue+rabbitmq",
             "host": HOST,
             "port": broker.port,
             "schema": VHOST,

@@ -137,7 +137,7 @@ def test_hook_reaches_redis_over_tls_with_every_connection_setting(
     port, ca = tls_server
     prefix = f"tls:{uuid.uuid4().hex[:6]}:"
     spec = {
-        "conn_type": "babelqueue_redis",
+        "conn_type": "babelqueue+redis",
         "host": "127.0.0.1",
         "port": port,
         "password": PASSWORD,

@@ -21,7 +21,7 @@ WITHOUT_STORE = {"rabbitmq", "sqs"}
 def store_or_refusal(binding: Binding, name: str):  # type: ignore[no-untyped-def]
     """The binding's seen-set, or None after checking that a broker without one refuses clearly."""
     if binding.name in WITHOUT_STORE:
-        with pytest.raises(NotSupportedError, match="use a babelqueue_sql or babelqueue_redis connection"):
+        with pytest.raises(NotSupportedError, match=r"use a babelqueue\+sql or babelqueue\+redis connection"):
             binding.seen_store(name)
         return None
     return binding.seen_store(name)

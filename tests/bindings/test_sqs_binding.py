@@ -60,7 +60,7 @@ def make(endpoint: str, admin: Any) -> Iterator[Factory]:
             endpoint_url=endpoint,
             aws_access_key_id="testing",
             aws_secret_access_key="testing",
-            **options,
+            **({"create_queues": True} | options),  # tests publish to fresh queues; off is tested on its own
         )
         made.append(SqsBinding(config, client=client))
         return made[-1]
@@ -554,7 +554,7 @@ def test_hook_builds_the_binding_from_allowlisted_extras(
         "queue_url_prefix": "not read",
     }
     conn_id = define(
-        monkeypatch, "bq_sqs", {"conn_type": "babelqueue_sqs", "login": "testing", "password": SECRET, "extra": extra}
+        monkeypatch, "bq_sqs", {"conn_type": "babelqueue+sqs", "login": "testing", "password": SECRET, "extra": extra}
     )
     hook = BabelQueueSqsHook(conn_id)
     config = hook.get_binding().config
@@ -569,13 +569,35 @@ def test_hook_builds_the_binding_from_allowlisted_extras(
     hook.close()
 
 
+def test_queues_are_not_created_by_default(monkeypatch: pytest.MonkeyPatch, endpoint: str, admin: Any, q: str) -> None:
+    """Off by default, in the binding config, in the connection (no ``create_queues`` extra) and in the form: a
+    publish to a queue that does not exist is an error naming it, and creates nothing (a typo must not make a
+    queue nobody reads); ``create_queues`` turned on creates it."""
+    from airflow_provider_babelqueue.hooks.connection_specs import SQS
+
+    assert SqsConfig().create_queues is False
+    assert next(e for e in SQS.extras if e.name == "create_queues").conn_field()["schema"]["default"] is False
+    spec = {"conn_type": "babelqueue+sqs", "login": "testing", "password": "testing",
+            "extra": {"region_name": REGION, "endpoint_url": endpoint}}
+    hook = BabelQueueSqsHook(define(monkeypatch, "bq_sqs_default", spec))
+    with pytest.raises(BindingError, match=rf"'{q}'.*does not exist; create it, or enable create_queues"):
+        hook.get_binding().publish(body_for(q), q)
+    hook.close()
+    assert not any(url.endswith(f"/{q}") for url in queue_urls(admin))
+    spec["extra"] |= {"create_queues": "true"}
+    hook = BabelQueueSqsHook(define(monkeypatch, "bq_sqs_create", spec))
+    hook.get_binding().publish(body_for(q), q)
+    hook.close()
+    assert any(url.endswith(f"/{q}") for url in queue_urls(admin))
+
+
 def test_hook_test_connection_says_what_is_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
     closed = f"http://127.0.0.1:{free_port()}"
     conn_id = define(
         monkeypatch,
         "bq_sqs_closed",
         {
-            "conn_type": "babelqueue_sqs",
+            "conn_type": "babelqueue+sqs",
             "login": "AKID",
             "password": SECRET,
             "extra": {"region_name": REGION, "endpoint_url": closed},
@@ -596,6 +618,6 @@ def test_hook_test_connection_says_what_is_wrong(monkeypatch: pytest.MonkeyPatch
     ],
 )
 def test_hook_bad_fields_name_the_field(monkeypatch: pytest.MonkeyPatch, spec: dict[str, Any], message: str) -> None:
-    hook = BabelQueueSqsHook(define(monkeypatch, "bq_sqs_bad", {"conn_type": "babelqueue_sqs", **spec}))
+    hook = BabelQueueSqsHook(define(monkeypatch, "bq_sqs_bad", {"conn_type": "babelqueue+sqs", **spec}))
     with pytest.raises(ConnectionConfigError, match=message):
         hook.get_binding()

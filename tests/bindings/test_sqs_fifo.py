@@ -41,10 +41,10 @@ GROUPS = [
 
 @pytest.fixture
 def binding(endpoint: str, admin: Any) -> Iterator[SqsBinding]:
-    """Default settings: dead letters written to ``-failed``, read from the RedrivePolicy target, ``-failed``
-    and ``-dlq``."""
+    """Default settings but queue creation: dead letters written to ``-failed``, read from the RedrivePolicy
+    target, ``-failed`` and ``-dlq``."""
     made = SqsBinding(SqsConfig(region_name=REGION, endpoint_url=endpoint, aws_access_key_id="testing",
-                                aws_secret_access_key="testing"))
+                                aws_secret_access_key="testing", create_queues=True))
     yield made
     made.close()
 

@@ -56,6 +56,7 @@ def ours(endpoint: str, admin: Any) -> Iterator[SqsBinding]:
             aws_access_key_id="testing",
             aws_secret_access_key="testing",
             dead_letter_suffix="-dlq",
+            create_queues=True,
         )
     )
     yield binding
@@ -171,9 +172,10 @@ def test_bodies_that_are_not_text_reach_the_sdk_as_marked_base64(ours: SqsBindin
 
 @pytest.fixture
 def default(endpoint: str, admin: Any) -> Iterator[SqsBinding]:
-    """Our binding with default settings: writes ``-failed``, reads the RedrivePolicy target, ``-failed``, ``-dlq``."""
+    """Our binding with default settings but queue creation: writes ``-failed``, reads the RedrivePolicy target,
+    ``-failed``, ``-dlq``."""
     binding = SqsBinding(SqsConfig(region_name=REGION, endpoint_url=endpoint, aws_access_key_id="testing",
-                                   aws_secret_access_key="testing"))
+                                   aws_secret_access_key="testing", create_queues=True))
     yield binding
     binding.close()
 

@@ -35,7 +35,7 @@ TEXT_SAMPLES = {
     "key_prefix": "sample:",
 }
 #: The standard fields a connection of each type needs before any extra matters.
-BASE_FIELDS: dict[str, dict[str, Any]] = {"babelqueue_azure_service_bus": {"host": "contoso.servicebus.windows.net"}}
+BASE_FIELDS: dict[str, dict[str, Any]] = {"babelqueue+servicebus": {"host": "contoso.servicebus.windows.net"}}
 
 
 def hook_class(spec: ConnectionSpec) -> type[BabelQueueHook]:
@@ -136,7 +136,7 @@ def test_extras_are_read_by_name_and_empty_values_mean_unset() -> None:
 
 
 def test_sql_url_takes_the_dialect_in_any_case_and_its_old_alias() -> None:
-    connection = Connection(conn_id="x", conn_type="babelqueue_sql", host="db", schema="d")
+    connection = Connection(conn_id="x", conn_type="babelqueue+sql", host="db", schema="d")
     for dialect in ("postgresql", "PostgreSQL", "postgres"):
         assert sql_url(connection, {"dialect": dialect}) == "postgresql+psycopg2://db/d"
     with pytest.raises(ConnectionConfigError, match="'sslmode' must be 'disable', 'allow', 'prefer', 'require'"):
@@ -171,7 +171,7 @@ def test_a_declaration_that_cannot_render_is_refused_when_written(make: Any, mes
 def test_the_docs_extras_table_is_the_one_the_declarations_render(conn_type: str) -> None:
     """The page must contain the rendered table verbatim; on failure, paste the table printed below."""
     spec = SPECS[conn_type]
-    page = ROOT / "docs" / "connections" / (conn_type.removeprefix("babelqueue_").replace("_", "-") + ".md")
+    page = ROOT / "docs" / "connections" / (spec.hook_module.rpartition(".")[2].replace("_", "-") + ".md")
     table = spec.extras_table()
     assert f"\n{table}\n\n" in page.read_text(encoding="utf-8"), (  # the whole table, no row more or less
         f"{page.relative_to(ROOT)}: its extras table differs from the declarations in "

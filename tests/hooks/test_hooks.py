@@ -17,7 +17,7 @@ from airflow_provider_babelqueue.hooks.base import ConnectionConfigError
 from airflow_provider_babelqueue.hooks.redis import BabelQueueRedisHook
 from airflow_provider_babelqueue.hooks.sql import BabelQueueSqlHook
 
-PG = {"conn_type": "babelqueue_sql", "host": "127.0.0.1", "port": 5432, "login": "postgres", "schema": "test"}
+PG = {"conn_type": "babelqueue+sql", "host": "127.0.0.1", "port": 5432, "login": "postgres", "schema": "test"}
 
 
 def define(monkeypatch: pytest.MonkeyPatch, conn_id: str, spec: dict) -> str:
@@ -52,7 +52,7 @@ def test_default_connection_is_the_embedded_sqlite_queue(monkeypatch: pytest.Mon
 
 def test_sqlite_connection_with_a_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     path = tmp_path / "queues.db"
-    conn_id = define(monkeypatch, "bq_sqlite", {"conn_type": "babelqueue_sql", "host": str(path)})
+    conn_id = define(monkeypatch, "bq_sqlite", {"conn_type": "babelqueue+sql", "host": str(path)})
     hook = get_hook(conn_id)
     round_trip(hook)
     hook.close()
@@ -88,7 +88,7 @@ def test_redis_connection_reads_allowlisted_extras_only(monkeypatch: pytest.Monk
         "password": "not-read-from-extra",
     }
     conn_id = define(
-        monkeypatch, "bq_redis", {"conn_type": "babelqueue_redis", "host": "127.0.0.1", "port": 6379, "extra": extra}
+        monkeypatch, "bq_redis", {"conn_type": "babelqueue+redis", "host": "127.0.0.1", "port": 6379, "extra": extra}
     )
     hook = get_hook(conn_id)
     assert isinstance(hook, BabelQueueRedisHook)
@@ -109,7 +109,7 @@ def test_redis_connection_reads_allowlisted_extras_only(monkeypatch: pytest.Monk
 
 def test_other_connection_types_are_refused_with_the_expected_types(monkeypatch: pytest.MonkeyPatch) -> None:
     conn_id = define(monkeypatch, "bq_http", {"conn_type": "http", "host": "example.invalid"})
-    with pytest.raises(BindingError, match=r"type 'http'.*babelqueue_redis, babelqueue_sql"):
+    with pytest.raises(BindingError, match=r"type 'http'.*babelqueue\+redis, babelqueue\+servicebus, babelqueue\+sql"):
         get_hook(conn_id)
 
 
@@ -133,10 +133,10 @@ def test_hooks_look_nothing_up_when_constructed(monkeypatch: pytest.MonkeyPatch)
 @pytest.mark.parametrize(
     ("spec", "fragment"),
     [
-        ({"conn_type": "babelqueue_redis", "host": "127.0.0.1", "port": 1}, "127.0.0.1:1"),
+        ({"conn_type": "babelqueue+redis", "host": "127.0.0.1", "port": 1}, "127.0.0.1:1"),
         (
             {
-                "conn_type": "babelqueue_redis",
+                "conn_type": "babelqueue+redis",
                 "host": "127.0.0.1",
                 "port": 6379,
                 "login": "ghost",
@@ -145,7 +145,7 @@ def test_hooks_look_nothing_up_when_constructed(monkeypatch: pytest.MonkeyPatch)
             "127.0.0.1:6379",
         ),
         (PG | {"port": 1, "password": "Hunter2-secret", "extra": {"dialect": "postgresql"}}, "127.0.0.1"),
-        ({"conn_type": "babelqueue_sql", "host": "/nonexistent-dir/x/queue.db"}, "/nonexistent-dir/x/queue.db"),
+        ({"conn_type": "babelqueue+sql", "host": "/nonexistent-dir/x/queue.db"}, "/nonexistent-dir/x/queue.db"),
     ],
     ids=["redis-closed-port", "redis-bad-password", "postgres-closed-port", "sqlite-bad-path"],
 )
@@ -163,12 +163,12 @@ def test_test_connection_says_what_is_wrong_without_secrets(
     ("spec", "message"),
     [
         (
-            {"conn_type": "babelqueue_redis", "extra": {"visibility_timeout": "soon"}},
+            {"conn_type": "babelqueue+redis", "extra": {"visibility_timeout": "soon"}},
             "'visibility_timeout' must be a number",
         ),
-        ({"conn_type": "babelqueue_redis", "extra": {"db": "zero"}}, "'db' must be a database number"),
-        ({"conn_type": "babelqueue_redis", "extra": {"ssl": "maybe"}}, "'ssl' must be true or false"),
-        ({"conn_type": "babelqueue_sql", "extra": {"dialect": "oracle"}}, "'dialect' must be 'sqlite' or 'postgresql'"),
+        ({"conn_type": "babelqueue+redis", "extra": {"db": "zero"}}, "'db' must be a database number"),
+        ({"conn_type": "babelqueue+redis", "extra": {"ssl": "maybe"}}, "'ssl' must be true or false"),
+        ({"conn_type": "babelqueue+sql", "extra": {"dialect": "oracle"}}, "'dialect' must be 'sqlite' or 'postgresql'"),
     ],
 )
 def test_bad_extras_name_the_field(monkeypatch: pytest.MonkeyPatch, spec: dict, message: str) -> None:
@@ -179,7 +179,7 @@ def test_bad_extras_name_the_field(monkeypatch: pytest.MonkeyPatch, spec: dict, 
 
 def test_test_connection_creates_no_tables(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     path = tmp_path / "probe.db"
-    hook = get_hook(define(monkeypatch, "bq_probe", {"conn_type": "babelqueue_sql", "host": str(path)}))
+    hook = get_hook(define(monkeypatch, "bq_probe", {"conn_type": "babelqueue+sql", "host": str(path)}))
     assert hook.test_connection()[0] is True
     engine = sqlalchemy.create_engine(f"sqlite:///{path}")
     assert sqlalchemy.inspect(engine).get_table_names() == []
@@ -202,7 +202,7 @@ def test_postgresql_tls_extras_reach_libpq(monkeypatch: pytest.MonkeyPatch) -> N
 
     from airflow.sdk import Connection
 
-    url = sql_url(Connection(conn_id="x", conn_type="babelqueue_sql", host="db", login="u", schema="d"),
+    url = sql_url(Connection(conn_id="x", conn_type="babelqueue+sql", host="db", login="u", schema="d"),
                   {"dialect": "postgresql", "sslmode": "verify-full", "sslrootcert": "/etc/ca b.pem", "sslkey": ""})
     assert url == "postgresql+psycopg2://u@db/d?sslmode=verify-full&sslrootcert=%2Fetc%2Fca+b.pem"
 
@@ -210,9 +210,9 @@ def test_postgresql_tls_extras_reach_libpq(monkeypatch: pytest.MonkeyPatch) -> N
 @pytest.mark.parametrize(
     ("spec", "kind"),
     [
-        ({"conn_type": "babelqueue_redis", "host": "127.0.0.1", "port": 6379}, "redis"),
-        ({"conn_type": "babelqueue_rabbitmq", "host": "127.0.0.1", "port": 5672}, "rabbitmq"),
-        ({"conn_type": "babelqueue_sql"}, "sql"),
+        ({"conn_type": "babelqueue+redis", "host": "127.0.0.1", "port": 6379}, "redis"),
+        ({"conn_type": "babelqueue+rabbitmq", "host": "127.0.0.1", "port": 5672}, "rabbitmq"),
+        ({"conn_type": "babelqueue+sql"}, "sql"),
     ],
     ids=["redis", "rabbitmq", "sql"],
 )

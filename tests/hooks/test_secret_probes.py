@@ -45,8 +45,8 @@ from airflow_provider_babelqueue.hooks import HOOK_CLASSES
 from airflow_provider_babelqueue.hooks.base import BabelQueueHook, connection_secrets
 from tests.conftest import free_port
 
-SQL, REDIS, RABBITMQ = "babelqueue_sql", "babelqueue_redis", "babelqueue_rabbitmq"
-SQS, PULSAR, ASB = "babelqueue_sqs", "babelqueue_pulsar", "babelqueue_azure_service_bus"
+SQL, REDIS, RABBITMQ = "babelqueue+sql", "babelqueue+redis", "babelqueue+rabbitmq"
+SQS, PULSAR, ASB = "babelqueue+sqs", "babelqueue+pulsar", "babelqueue+servicebus"
 SHORT = {SQL: "sql", REDIS: "redis", RABBITMQ: "rabbitmq", SQS: "sqs", PULSAR: "pulsar", ASB: "asb"}
 
 

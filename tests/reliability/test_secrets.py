@@ -4,7 +4,7 @@ Every broker gets a connection through ``AIRFLOW_CONN_<ID>`` carrying distinctiv
 
 * Redis at 127.0.0.1:6379 with an unknown ACL user and a password (the server refuses the AUTH);
 * RabbitMQ at 127.0.0.1:5672 as ``guest`` with a wrong password (ACCESS_REFUSED);
-* PostgreSQL (``babelqueue_sql``) with a password, once on a closed port and once on the real server with an
+* PostgreSQL (``babelqueue+sql``) with a password, once on a closed port and once on the real server with an
   unknown role (the server refuses it);
 * SQS with an access key, a secret key and a session token, ``endpoint_url`` on a closed port;
 * Pulsar with a token, on a closed port; Azure Service Bus with a connection string holding a SharedAccessKey,
@@ -57,13 +57,13 @@ from tests.airflow_harness import run_dag, task_states
 from tests.conftest import free_port
 
 CONN_TYPES = {
-    "redis": "babelqueue_redis",
-    "rabbitmq": "babelqueue_rabbitmq",
-    "postgres": "babelqueue_sql",
-    "postgres_auth": "babelqueue_sql",
-    "sqs": "babelqueue_sqs",
-    "pulsar": "babelqueue_pulsar",
-    "azure_service_bus": "babelqueue_azure_service_bus",
+    "redis": "babelqueue+redis",
+    "rabbitmq": "babelqueue+rabbitmq",
+    "postgres": "babelqueue+sql",
+    "postgres_auth": "babelqueue+sql",
+    "sqs": "babelqueue+sqs",
+    "pulsar": "babelqueue+pulsar",
+    "azure_service_bus": "babelqueue+servicebus",
 }
 #: What the failure must say: the server's own refusal where a server runs, so a broker that is down fails the test.
 EXPECTED_FAILURE = {
@@ -102,26 +102,26 @@ class Secrets:
 def connection_spec(broker: str, s: Secrets, closed_port: int) -> dict[str, Any]:
     unknown = {"password_in_extra": s.extra, f"extra__{CONN_TYPES[broker]}__password_in_extra": s.extra}
     if broker == "redis":
-        return {"conn_type": "babelqueue_redis", "host": "127.0.0.1", "port": 6379, "login": f"bq-ghost-{s.tag}",
+        return {"conn_type": "babelqueue+redis", "host": "127.0.0.1", "port": 6379, "login": f"bq-ghost-{s.tag}",
                 "password": s.password, "extra": {"key_prefix": f"bqsecret:{s.tag}:", **unknown}}
     if broker == "rabbitmq":
-        return {"conn_type": "babelqueue_rabbitmq", "host": "127.0.0.1", "port": 5672, "login": "guest",
+        return {"conn_type": "babelqueue+rabbitmq", "host": "127.0.0.1", "port": 5672, "login": "guest",
                 "password": s.password, "extra": {"heartbeat": 0, **unknown}}
     if broker == "postgres":
-        return {"conn_type": "babelqueue_sql", "host": "127.0.0.1", "port": closed_port, "login": "postgres",
+        return {"conn_type": "babelqueue+sql", "host": "127.0.0.1", "port": closed_port, "login": "postgres",
                 "password": s.password, "schema": "test", "extra": {"dialect": "postgresql", **unknown}}
     if broker == "postgres_auth":
-        return {"conn_type": "babelqueue_sql", "host": "127.0.0.1", "port": 5432, "login": f"bq_ghost_{s.tag}",
+        return {"conn_type": "babelqueue+sql", "host": "127.0.0.1", "port": 5432, "login": f"bq_ghost_{s.tag}",
                 "password": s.password, "schema": "test", "extra": {"dialect": "postgresql", **unknown}}
     if broker == "sqs":
-        return {"conn_type": "babelqueue_sqs", "login": f"AKIABQ{s.tag.upper()}", "password": s.password,
+        return {"conn_type": "babelqueue+sqs", "login": f"AKIABQ{s.tag.upper()}", "password": s.password,
                 "extra": {"region_name": "us-east-1", "endpoint_url": f"http://127.0.0.1:{closed_port}",
                           "aws_session_token": s.token, **unknown}}
     if broker == "pulsar":
-        return {"conn_type": "babelqueue_pulsar", "host": "127.0.0.1", "port": closed_port, "password": s.token,
+        return {"conn_type": "babelqueue+pulsar", "host": "127.0.0.1", "port": closed_port, "password": s.token,
                 "extra": {"admin_url": f"http://127.0.0.1:{closed_port}", "operation_timeout_seconds": 2, **unknown}}
     if broker == "azure_service_bus":
-        return {"conn_type": "babelqueue_azure_service_bus",
+        return {"conn_type": "babelqueue+servicebus",
                 "password": f"Endpoint=sb://127.0.0.1:{closed_port};SharedAccessKeyName=RootManageSharedAccessKey;"
                             f"SharedAccessKey={s.sas_key};UseDevelopmentEmulator=true",
                 "extra": unknown}
@@ -386,7 +386,7 @@ def test_a_password_in_a_url_is_scrubbed_from_test_connection_and_registered_wit
     conn_id = f"bq_secret_url_{secrets.token_hex(3)}"
     endpoint = f"http://bq:{userinfo}@127.0.0.1:{free_port()}"
     monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({
-        "conn_type": "babelqueue_sqs", "login": "AKIABQURL", "password": f"sqs-key-{secrets.token_hex(5)}",
+        "conn_type": "babelqueue+sqs", "login": "AKIABQURL", "password": f"sqs-key-{secrets.token_hex(5)}",
         "extra": {"region_name": "us-east-1", "endpoint_url": endpoint}}))
     assert userinfo in redact(f"error at {endpoint}")  # Airflow alone does not know this secret
     hook = get_hook(conn_id)
@@ -415,7 +415,7 @@ def test_a_password_in_a_url_is_scrubbed_from_test_connection_and_registered_wit
     ids=["password", "azure-connection-string", "url-in-host", "short"],
 )
 def test_connection_secrets(spec: dict[str, str], expected: list[str]) -> None:
-    connection = Connection(conn_id="c", conn_type="babelqueue_redis", **spec)
+    connection = Connection(conn_id="c", conn_type="babelqueue+redis", **spec)
     assert connection_secrets(connection) == expected
     extras = {"aws_session_token": "tok-123456", "sqlalchemy_url": "postgresql://u:p%40ss-word@h/db", "table": "jobs"}
     assert connection_secrets(Connection(conn_id="c", conn_type="x"), extras) == ["tok-123456", "p@ss-word"]

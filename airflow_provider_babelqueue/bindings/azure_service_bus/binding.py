@@ -89,6 +89,7 @@ class AzureServiceBusBinding(Binding):
     peek reads without locking, removing or counting a delivery."""
 
     name = "azure-service-bus"
+    client_loggers = ("azure", "uamqp")
     carries_headers = True
     can_browse = True
 

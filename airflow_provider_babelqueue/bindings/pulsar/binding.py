@@ -79,12 +79,15 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+#: Where the C++ client's own log lines go (without a logger it prints them to stdout).
+CLIENT_LOGGER = f"{__name__}.client"
 
 
 class PulsarBinding(Binding):
     """Persistent topics with one Shared subscription (see the module docstring). The DLQ cannot be browsed."""
 
     name = "pulsar"
+    client_loggers = ("pulsar", CLIENT_LOGGER)
     carries_headers = True
     can_browse = False
 
@@ -110,7 +113,7 @@ class PulsarBinding(Binding):
     def client(self) -> Any:
         with self._lock:
             if self._client is None:
-                options = self.config.client_options(self._pulsar, logging.getLogger(f"{__name__}.client"))
+                options = self.config.client_options(self._pulsar, logging.getLogger(CLIENT_LOGGER))
                 with self._guard("create a client for", "the service URL"):
                     try:
                         self._client = self._factory(self.config.service_url, **options)

@@ -39,7 +39,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from ..base import (
     Binding,
@@ -60,6 +60,40 @@ __all__ = ["MAX_BODY", "MIRROR", "RabbitMQBinding", "RabbitMQConfig", "amqp_prop
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
+#: The binding whose passive declare runs in this thread, while it runs (see :class:`_ExpectedNotFound`).
+_probing = threading.local()
+
+
+class _ExpectedNotFound(logging.Filter):
+    """Logs at DEBUG, not WARNING, the broker's 404 answer to one of our passive declares.
+
+    AMQP 0-9-1 has one way to ask whether a queue exists: a passive declare, which the broker answers for a
+    missing queue by closing the channel with 404 NOT_FOUND. pika logs every channel close from the broker at
+    WARNING. Here that 404 is an answer, not a fault: the first publish to a new queue, a dead-letter source
+    nobody created. The filter sits on the ``pika.channel`` logger and lowers only a 404 close of the probe
+    channel of the binding that is declaring in the calling thread (pika handles the reply in the thread that
+    waits for it); every other close keeps its WARNING. The lowered record is kept where ``pika.channel``
+    is enabled for DEBUG.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        binding = getattr(_probing, "binding", None)
+        if binding is None or not str(record.msg).startswith("Received remote Channel.Close"):
+            return True
+        try:
+            code, _text, channel = cast("tuple[Any, Any, Any]", record.args)
+            probe = binding._probe
+            expected = code == 404 and probe is not None and channel.channel_number == probe.channel_number
+        except (TypeError, ValueError, AttributeError):
+            return True
+        if not expected:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+_EXPECTED_NOT_FOUND = _ExpectedNotFound()
+
 
 @dataclass(frozen=True, slots=True)
 class _Receipt:
@@ -75,6 +109,7 @@ class RabbitMQBinding(Binding):
     """Durable queues on the default exchange in the official SDKs' layout (see the module docstring)."""
 
     name = "rabbitmq"
+    client_loggers = ("pika",)
     carries_headers = True
     can_browse = False
 
@@ -85,6 +120,9 @@ class RabbitMQBinding(Binding):
         """
         self.config = config or RabbitMQConfig()
         self._pika = require_extra("pika", "rabbitmq")
+        channel_log = logging.getLogger("pika.channel")
+        if _EXPECTED_NOT_FOUND not in channel_log.filters:
+            channel_log.addFilter(_EXPECTED_NOT_FOUND)
         self._connection, self._owns = connection, connection is None
         self._lock = threading.RLock()
         self._work: Any = None  # basic.get, ack, publish (confirm mode): never used for a declare that may fail
@@ -231,13 +269,30 @@ class RabbitMQBinding(Binding):
                 f"{self._where()}: {action} on {queue!r} failed: {hint} ({type(exc).__name__}: {text})"
             ) from exc
 
+    @contextmanager
+    def _asking(self) -> Iterator[None]:
+        """Mark a passive declare in this thread, so its expected 404 is not logged as a warning."""
+        previous = getattr(_probing, "binding", None)
+        _probing.binding = self
+        try:
+            yield
+        finally:
+            _probing.binding = previous
+
+    def _passive_declare(self, queue: str) -> Any:
+        """``queue.declare(passive=True)`` on the probe channel; raises ``ChannelClosedByBroker`` (404) for a
+        missing queue, which closes only the probe channel. After a broker restart the binding's connection is
+        dead: it reconnects once."""
+        with self._asking():
+            return self._reconnecting(lambda: self._channel("probe").queue_declare(queue, passive=True))
+
     def _exists(self, queue: str, create: bool, arguments: dict[str, Any] | None = None) -> bool:
         """Passive declare first (cached), so a queue someone else declared with arguments is never redeclared."""
         if arguments is None:
             if queue in self._known:
                 return True
-            try:  # after a broker restart the binding's connection is dead: the probe reconnects once
-                self._reconnecting(lambda: self._channel("probe").queue_declare(queue, passive=True))
+            try:
+                self._passive_declare(queue)
             except self._pika.exceptions.ChannelClosedByBroker as exc:
                 if exc.reply_code != 404:
                     raise
@@ -566,8 +621,7 @@ class RabbitMQBinding(Binding):
         with self._lock, self._guard("count", queue):
             self._expire()
             try:
-                return int(self._reconnecting(
-                    lambda: self._channel("probe").queue_declare(queue, passive=True).method.message_count))
+                return int(self._passive_declare(queue).method.message_count)
             except self._pika.exceptions.ChannelClosedByBroker as exc:
                 if exc.reply_code != 404:
                     raise

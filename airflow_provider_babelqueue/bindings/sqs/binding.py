@@ -108,6 +108,7 @@ class SqsBinding(Binding):
     would change what it reads; drain it with :meth:`reserve_dead_letter` + :meth:`ack`."""
 
     name = "sqs"
+    client_loggers = ("boto3", "botocore")
     carries_headers = True
     can_browse = False
 

@@ -161,7 +161,9 @@ class SqsConfig:
     :param max_message_bytes: checked before sending (body + attributes, as SQS counts); also the
         ``MaximumMessageSize`` of queues we create and the byte budget of one native batch.
     :param include_in_flight_in_depth: ``depth`` also counts in-flight and delayed messages.
-    :param create_queues: create missing queues on first use (off: a missing queue is an error naming it).
+    :param create_queues: create missing queues on first use. Off by default: a missing queue is an error naming
+        it, so a mistyped queue name never creates a queue nobody reads (nor one without the RedrivePolicy, KMS
+        key or tags that infrastructure code gives real queues).
     """
 
     region_name: str | None = None
@@ -178,7 +180,7 @@ class SqsConfig:
     visibility_timeout: float | None = None
     max_message_bytes: int = SERVICE_MAX_MESSAGE_BYTES
     include_in_flight_in_depth: bool = False
-    create_queues: bool = True
+    create_queues: bool = False
 
     #: ``endpoint_url`` may carry a password or a token (userinfo, query): the repr redacts it.
     __repr__ = config_repr
