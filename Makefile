@@ -1,5 +1,5 @@
 # The two commands: `make demo` and `make test`. Everything else is a helper they use.
-.PHONY: demo verdicts docs test bench bench-body-limit hostile-corpus bootstrap services lock lint typecheck spark-class-archive clean
+.PHONY: demo verdicts docs test bench bench-body-limit hostile-corpus bootstrap services lock lint typecheck spark-class-archive install-check clean
 
 CONFORMANCE ?= ../shared/conformance
 
@@ -33,6 +33,17 @@ bench-body-limit: bootstrap
 hostile-corpus: bootstrap services
 	BQ_HOSTILE_BIG_MB=$${BIG_MB:-20} .venv/bin/python -m pytest -p no:cacheprovider tests/reliability/test_hostile_corpus.py
 
+# The wheel installed as users install it (plain pip, the spark extra, a fresh venv per Python), checked and run
+# (tests/install): PYTHONS="3.11 3.12 3.13" checks each in turn, python3.11 alone by default.
+PYTHONS ?= 3.11
+install-check: bootstrap
+	@failed=""; for version in $(PYTHONS); do \
+		echo "install-check: python$$version"; \
+		BABELQUEUE_INSTALL_PYTHON=python$$version .venv/bin/python -m pytest -p no:cacheprovider -q \
+			--durations=3 tests/install || failed="$$failed $$version"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "install-check: failed on Python$$failed" >&2; exit 1; fi
+
 bootstrap:
 	bash .ci/bootstrap.sh
 
@@ -48,8 +59,8 @@ typecheck: bootstrap
 
 # Re-pin requirements/ci.lock after changing dependencies in pyproject.toml.
 lock: bootstrap
-	.venv/bin/uv pip compile pyproject.toml --extra all --group test --excludes requirements/excludes.txt \
-		--python-version 3.11 -o requirements/ci.lock
+	.venv/bin/uv pip compile pyproject.toml --extra all --group test --python-version 3.11 \
+		-o requirements/ci.lock
 
 clean:
 	rm -rf .venv .demo .pytest_cache .hypothesis .ruff_cache

@@ -15,7 +15,7 @@ if ! command -v "$PYTHON" >/dev/null 2>&1; then
 fi
 
 stamp=$VENV/.bootstrap-stamp
-want=$(cat pyproject.toml requirements/ci.lock requirements/excludes.txt .ci/bootstrap.sh | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml requirements/ci.lock .ci/bootstrap.sh | sha256sum | cut -d' ' -f1)
 if [[ -f $stamp && "$(cat "$stamp")" == "$want" ]]; then
     exit 0
 fi
@@ -24,16 +24,11 @@ echo "bootstrap: preparing $VENV (first run takes about a minute)"
 [[ -x $PY ]] || "$PYTHON" -m venv "$VENV"
 "$PY" -m pip install --quiet "uv==$UV_VERSION"
 UV=$VENV/bin/uv
-# --excludes keeps pyspark-client out: the Spark provider asks for it, and it installs its own `pyspark`
-# package over pyspark 4.3.0's files.
-"$UV" pip install --python "$PY" --quiet --excludes requirements/excludes.txt -r requirements/ci.lock
+# The lock needs no excludes: the spark extra keeps the Spark provider below 6, whose releases require
+# pyspark-client (it would install its own `pyspark` over pyspark 4.3.0's files).
+"$UV" pip install --python "$PY" --quiet -r requirements/ci.lock
 "$UV" pip install --python "$PY" --quiet --no-deps -e .
 
-if "$UV" pip show --python "$PY" pyspark-client >/dev/null 2>&1; then
-    echo "bootstrap: pyspark-client slipped in; removing it and restoring pyspark 4.3.0" >&2
-    "$UV" pip uninstall --python "$PY" pyspark-client
-    "$UV" pip install --python "$PY" --reinstall-package pyspark --excludes requirements/excludes.txt "pyspark==4.3.0"
-fi
 "$PY" -c "import pyspark, sys; v = pyspark.__version__; sys.exit(0 if v == '4.3.0' else f'pyspark is {v}, expected 4.3.0')"
 
 echo "$want" > "$stamp"

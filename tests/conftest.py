@@ -117,6 +117,7 @@ SPARK_ALONE = ("tests/spark/test_standalone_cluster.py",)
 #: The longest modules after the Spark group (tens of seconds each: real schedulers, killed children,
 #: restarted brokers), started early so that neither worker is left with one of them at the end.
 LONG_MODULES = (
+    "tests/install/test_pip_install.py",
     "tests/spark/test_standalone_cluster.py",
     "tests/reliability/test_crashes.py",
     "tests/sensors/test_e2e_asset_watcher.py",

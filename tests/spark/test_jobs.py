@@ -50,7 +50,8 @@ def test_triage_summary_line_is_exact(spark_run: SparkRun) -> None:
         # the second file's torn last line is counted, not triaged
         "job": "triage", "output": str(spark_run.triage_dir), "records": 20, "rows": 15, "duplicates_removed": 4,
         "unreadable": 1, "unreadable_by_cause": {"torn": 1, "too_large": 0, "unknown_version": 0},
-        "poison": 3, "by_reason": BY_REASON, "report": str(spark_run.combined_report_dir / "report.html"),
+        "poison": 3, "by_reason": BY_REASON, "carried_over": {"files": 0, "records": 0},
+        "report": str(spark_run.combined_report_dir / "report.html"),
     }
     written = json.loads((spark_run.triage_dir / "_triage_summary.json").read_text())
     assert written == spark_run.triage
