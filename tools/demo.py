@@ -99,7 +99,9 @@ def seed(binding: Any, queue_name: str = QUEUE, *, log: Any = print) -> dict[str
 
 
 def _run_folder(output_root: Path) -> Path:
-    runs = sorted((output_root / DAG_ID).glob("*/"), key=lambda path: path.stat().st_mtime)
+    # every run has a folder; "_pending" holds drain files waiting for a triage, not a run
+    runs = sorted((path for path in (output_root / DAG_ID).glob("*/") if not path.name.startswith("_")),
+                  key=lambda path: path.stat().st_mtime)
     if not runs:
         raise SystemExit(f"no run folder under {output_root / DAG_ID}: did the DAG run?")
     return runs[-1]

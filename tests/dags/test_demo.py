@@ -51,7 +51,9 @@ def test_demo_runs_the_triage_dag_and_reruns_from_scratch(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
 
-    [run] = list((runs / demo.DAG_ID).iterdir())
+    [run] = [path for path in (runs / demo.DAG_ID).iterdir() if path.name != "_pending"]
+    # the triage succeeded: the drain file left the pending folder for the run's own drain folder
+    assert list((runs / demo.DAG_ID / "_pending").iterdir()) == [] and len(list((run / "drain").glob("*.jsonl"))) == 1
     assert f"HTML report              {run / 'report' / 'report.html'}" in out
     assert (run / "report" / "report.html").is_file()
     # the replay set: one folder of drain records (no folder per queue), the 10 failures' stored bodies
