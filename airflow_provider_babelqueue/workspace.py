@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .engine.drain.sinks import safe_segment
+from .locations import is_object_storage, local_path
 
 __all__ = ["FOLDERS", "default_output_root", "read_json", "run_workspace", "shared_storage_warning",
            "summary_table"]
@@ -28,10 +29,6 @@ def default_output_root() -> str:
     return str(home / "babelqueue" / "runs")
 
 
-def _is_url(path: str) -> bool:
-    return "://" in path and not path.startswith("file://")
-
-
 def run_workspace(output_root: str | None, dag_id: str, run_id: str) -> dict[str, str]:
     """The folders of one run: ``<output_root>/<dag_id>/<run id made path-safe>/{drain,triage,report,replay_set}``,
     and the DAG's ``pending`` folder, ``<output_root>/<dag_id>/_pending``: drains write there, and a triage that
@@ -44,9 +41,8 @@ def run_workspace(output_root: str | None, dag_id: str, run_id: str) -> dict[str
     :param run_id: the Airflow run id; ``:`` and ``+`` in it are replaced because Hadoop paths refuse ``:``.
     """
     root = (output_root or "").strip() or default_output_root()
-    if root.startswith("file://"):
-        root = root[len("file://"):]
-    if not _is_url(root):
+    root = local_path(root)
+    if not is_object_storage(root):
         root = str(Path(root).expanduser().resolve())
     dag_folder = f"{root.rstrip('/')}/{safe_segment(dag_id)}"
     base = f"{dag_folder}/{safe_segment(run_id)}"
@@ -68,7 +64,7 @@ def shared_storage_warning(root: str, executors: str) -> str | None:
     :param executors: Airflow's ``[core] executor`` setting (a comma-separated list; entries may be
         ``alias:module.Class``).
     """
-    if _is_url(root.strip()):
+    if is_object_storage(root.strip()):
         return None
     names = [entry.strip().rsplit(":", 1)[-1].rsplit(".", 1)[-1] for entry in executors.split(",") if entry.strip()]
     remote = [name for name in names if name not in _LOCAL_EXECUTORS]
@@ -82,12 +78,11 @@ def shared_storage_warning(root: str, executors: str) -> str | None:
 
 def read_json(path: str) -> Any:
     """A JSON document from a local path, a ``file://`` URL or any ``ObjectStoragePath`` URL."""
-    if _is_url(path):
+    if is_object_storage(path):
         from airflow.sdk import ObjectStoragePath
 
         return json.loads(ObjectStoragePath(path).read_text())
-    local = path[len("file://"):] if path.startswith("file://") else path
-    return json.loads(Path(local).read_text(encoding="utf-8"))
+    return json.loads(Path(local_path(path)).read_text(encoding="utf-8"))
 
 
 def summary_table(rows: Mapping[str, Any], headers: tuple[str, str] = ("reason", "count"), *,

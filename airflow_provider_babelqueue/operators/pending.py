@@ -18,18 +18,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..locations import is_object_storage, local_path
+
 __all__ = ["DRAIN_SUFFIXES", "carried_over", "file_key", "move_into", "waiting_files"]
 
 #: The names a drain writes (``dlq-<run id>-<uuid>.jsonl``) and that a pending folder may hold.
 DRAIN_SUFFIXES = (".jsonl", ".ndjson")
-
-
-def _is_url(path: str) -> bool:
-    return "://" in path and not path.startswith("file://")
-
-
-def _local(path: str) -> str:
-    return path[len("file://"):] if path.startswith("file://") else path
 
 
 def _storage(path: str) -> Any:
@@ -41,9 +35,9 @@ def _storage(path: str) -> Any:
 def file_key(path: str) -> str:
     """One spelling per file, to tell whether two paths name the same file (``file://`` and symlinks folded)."""
     text = str(path).strip()
-    if _is_url(text):
+    if is_object_storage(text):
         return text.rstrip("/")
-    return os.path.realpath(os.path.expanduser(_local(text)))
+    return os.path.realpath(os.path.expanduser(local_path(text)))
 
 
 def waiting_files(folder: str) -> list[str]:
@@ -52,14 +46,14 @@ def waiting_files(folder: str) -> list[str]:
     Names starting with ``.`` or ``_`` are skipped: a file still being written to object storage, or a marker.
     """
     text = str(folder).strip()
-    if _is_url(text):
+    if is_object_storage(text):
         base = _storage(text)
         if not base.exists():
             return []
         names = [entry for entry in base.iterdir() if entry.is_file()]
         found = [str(entry) for entry in names if _is_drain_file(entry.name)]
     else:
-        local = Path(_local(text)).expanduser()
+        local = Path(local_path(text)).expanduser()
         if not local.is_dir():
             return []
         found = [str(entry) for entry in local.iterdir() if entry.is_file() and _is_drain_file(entry.name)]
@@ -79,20 +73,20 @@ def move_into(paths: Iterable[str], folder: str) -> list[str]:
     """
     text = str(folder).strip()
     moved: list[str] = []
-    if _is_url(text):
+    if is_object_storage(text):
         target = _storage(text)
         target.mkdir(parents=True, exist_ok=True)
         for path in paths:
-            source = _storage(path) if _is_url(path) else _storage(f"file://{file_key(path)}")
+            source = _storage(path) if is_object_storage(path) else _storage(f"file://{file_key(path)}")
             destination = target / source.name
             if file_key(str(destination)) != file_key(str(source)):
                 source.move(destination)
             moved.append(str(destination))
         return moved
-    local = Path(_local(text)).expanduser()
+    local = Path(local_path(text)).expanduser()
     local.mkdir(parents=True, exist_ok=True)
     for path in paths:
-        if _is_url(path):
+        if is_object_storage(path):
             raise ValueError(f"cannot move {path} into the local folder {local}: give an object-storage archive")
         source = Path(file_key(path))
         destination = local / source.name

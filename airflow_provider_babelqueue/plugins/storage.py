@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..locations import is_object_storage, local_path
 from ..workspace import default_output_root
 
 __all__ = ["MAX_BYTES", "Location", "LocationRefused", "allowed_roots", "checked_location", "read_limited"]
@@ -55,8 +56,8 @@ def _location(text: str) -> Location:
     text = text.strip()
     if not text:
         raise LocationRefused("the location is empty")
-    if "://" not in text or text.startswith("file://"):
-        local = text[len("file://"):] if text.startswith("file://") else text
+    if not is_object_storage(text):
+        local = local_path(text)
         if not os.path.isabs(local):
             raise LocationRefused(f"{text!r} is not an absolute path")
         resolved = os.path.realpath(local)
