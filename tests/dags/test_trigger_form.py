@@ -51,6 +51,7 @@ from typing import Any
 
 import pytest
 
+from tests.browser import CHROMIUM
 from tests.conftest import free_port
 from tests.dags.test_sample_dags import DAGS, SAMPLE_DAGS
 
@@ -166,8 +167,6 @@ def test_the_rules_match_javascript_on_edge_values() -> None:
 
 # --- the real form, in headless Chromium ------------------------------------------------------------------------
 
-CHROMIUM = next((path for name in ("chromium", "chromium-headless-shell", "chromium-browser", "google-chrome")
-                 if (path := shutil.which(name))), None)
 BROWSER_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--no-proxy-server",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
                  "--disable-dev-shm-usage", "--hide-scrollbars", "--remote-debugging-port=0"]

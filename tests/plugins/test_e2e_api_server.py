@@ -33,14 +33,13 @@ from urllib.parse import quote
 
 import pytest
 
+from tests.browser import CHROMIUM
 from tests.conftest import free_port
 from tests.plugins.common import write_report
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 DAG_ID = "bq_report_link_e2e"
-CHROMIUM = next((path for name in ("chromium", "chromium-headless-shell", "chromium-browser", "google-chrome")
-                 if (path := shutil.which(name))), None)
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage", "--hide-scrollbars"]
 PASSWORDS = {"admin": uuid.uuid4().hex, "viewer": uuid.uuid4().hex, "nobody": uuid.uuid4().hex}

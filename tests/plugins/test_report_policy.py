@@ -3,7 +3,6 @@ violation, and the same check catches a policy that would break it (the negative
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import tempfile
 import threading
@@ -13,12 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.browser import CHROMIUM
 from tests.plugins.common import write_report
 
 pytestmark = pytest.mark.timeout(300)
 
-CHROMIUM = next((path for name in ("chromium", "chromium-headless-shell", "chromium-browser", "google-chrome")
-                 if (path := shutil.which(name))), None)
 
 
 def csp_violations(stderr: str) -> list[str]:

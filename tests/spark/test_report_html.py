@@ -21,12 +21,11 @@ from typing import Any
 import pytest
 
 from airflow_provider_babelqueue.spark.report_html import render_report, script_json
+from tests.browser import CHROMIUM
 from tests.spark.conftest import SparkRun
 
 pytestmark = pytest.mark.timeout(300)
 
-CHROMIUM = next((path for name in ("chromium", "chromium-headless-shell", "chromium-browser", "google-chrome")
-                 if (path := shutil.which(name))), None)
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--disable-dev-shm-usage", "--hide-scrollbars", "--enable-logging=stderr", "--v=0"]
