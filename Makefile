@@ -1,5 +1,5 @@
 # The two commands: `make demo` and `make test`. Everything else is a helper they use.
-.PHONY: demo verdicts docs test bench bench-body-limit hostile-corpus bootstrap services lock lint typecheck spark-class-archive install-check clean
+.PHONY: demo verdicts docs test bench bench-consume bench-body-limit crash-consume hostile-corpus bootstrap services lock lint typecheck spark-class-archive install-check clean
 
 CONFORMANCE ?= ../shared/conformance
 
@@ -23,6 +23,14 @@ spark-class-archive: bootstrap
 
 bench: bootstrap
 	.venv/bin/python benchmarks/run.py
+
+# Batched consumption against each raw client's reliable batched loop, same run (docs/benchmarks.md); N=100000.
+bench-consume: bootstrap services
+	.venv/bin/python benchmarks/bench_consume.py --n $${N:-100000}
+
+# kill -9 the batched consumer 20 times per broker (CI runs 4): 0 lost, at most one batch repeated per kill.
+crash-consume: bootstrap services
+	BQ_CRASH_KILLS=$${KILLS:-20} .venv/bin/python -m pytest -p no:cacheprovider -s tests/reliability/test_crashes.py -k consume
 
 # Peak memory of refusing one oversized body, per binding (docs/benchmarks.md); BODY_MB=100 by default.
 bench-body-limit: bootstrap

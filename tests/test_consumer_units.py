@@ -74,6 +74,10 @@ class _CountingBroker(MemoryBinding):
             return None
         return dataclasses.replace(message, attempts=message.attempts + self.ahead)
 
+    def reserve_many(self, queue_name: str, limit: int, timeout: float = 0) -> list[ReceivedMessage]:
+        return [dataclasses.replace(message, attempts=message.attempts + self.ahead)
+                for message in super().reserve_many(queue_name, limit, timeout)]
+
 
 def _publish_one(binding: MemoryBinding) -> bytes:
     body = bq.encode(bq.make_envelope(URN, {"order_id": 1042}, queue_name="orders"))

@@ -26,7 +26,7 @@ Semantics every binding honours (the contract suite in ``tests/bindings`` checks
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -377,6 +377,18 @@ class DeadLetterPipeline(Protocol):
         ...
 
 
+def _one_by_one(reserve: Callable[..., ReceivedMessage | None], queue_name: str, limit: int,
+                timeout: float) -> list[ReceivedMessage]:
+    """Up to ``limit`` single reservations, waiting ``timeout`` for the first only (the default batch reads)."""
+    out: list[ReceivedMessage] = []
+    while len(out) < limit:
+        message = reserve(queue_name, timeout=timeout if not out else 0)
+        if message is None:
+            break
+        out.append(message)
+    return out
+
+
 class Binding(abc.ABC):
     """Base class of every broker binding. Subclasses set :attr:`name` and implement the operations."""
 
@@ -409,6 +421,50 @@ class Binding(abc.ABC):
     @abc.abstractmethod
     def reserve(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
         """Take the next ready message, waiting up to ``timeout`` seconds; ``None`` when there is none."""
+
+    def reserve_many(self, queue_name: str, limit: int, timeout: float = 0) -> list[ReceivedMessage]:
+        """Take up to ``limit`` ready messages in order, the broker's batch where it has one (a consumer's batch).
+
+        Waits up to ``timeout`` seconds for the first message only, with the broker's blocking primitive where it
+        has one, then takes whatever else is ready without waiting; an empty list means nothing came within the
+        timeout. Each message is its own reservation, settled one by one or with :meth:`ack_many`: a crash before
+        the settle returns every unsettled one, as for :meth:`reserve`. A binding may keep deliveries it fetched
+        ahead (a prefetch window) until :meth:`end_reservations`.
+
+        The default loops over :meth:`reserve`; bindings override it with one round trip.
+        """
+        return _one_by_one(self.reserve, queue_name, limit, timeout)
+
+    def settle(self, acks: Sequence[ReceivedMessage],
+               releases: Sequence[tuple[ReceivedMessage, float]] = ()) -> None:
+        """The end of a consumer's batch: release each of ``releases`` (a message and its own delay, as
+        :meth:`release`) and ack every one of ``acks`` (as :meth:`ack_many`). Gated like those: a reservation that
+        expired and was handed out again is left alone.
+
+        The default releases per delay with :meth:`release_many`, then acks with :meth:`ack_many`; the SQL table
+        does both in one transaction."""
+        by_delay: dict[float, list[ReceivedMessage]] = {}
+        for message, delay in releases:
+            by_delay.setdefault(delay, []).append(message)
+        for delay, messages in by_delay.items():
+            self.release_many(messages, delay)
+        if acks:
+            self.ack_many(acks)
+
+    def settle_and_reserve(self, queue_name: str, limit: int, timeout: float = 0, *,
+                           acks: Sequence[ReceivedMessage] = (),
+                           releases: Sequence[tuple[ReceivedMessage, float]] = ()) -> list[ReceivedMessage]:
+        """:meth:`settle` the previous batch, then :meth:`reserve_many` the next: what a consumer does between two
+        batches. A binding may do both in one round trip or transaction (the SQL table: one commit per batch);
+        the settlement is done when this returns, whatever the reservation finds. The default calls the two."""
+        if acks or releases:
+            self.settle(acks, releases)
+        return self.reserve_many(queue_name, limit, timeout)
+
+    def end_reservations(self, queue_name: str) -> None:  # noqa: B027 - optional hook
+        """Hand back at once what the binding fetched ahead for ``queue_name`` and did not return from
+        :meth:`reserve_many` (RabbitMQ's prefetch window), so another consumer gets it now rather than when this
+        binding's connection closes. Reservations already handed out are untouched. The default has none."""
 
     @abc.abstractmethod
     def ack(self, message: ReceivedMessage) -> None:
@@ -445,13 +501,7 @@ class Binding(abc.ABC):
 
         The default loops over :meth:`reserve_dead_letter`; bindings override it with one round trip.
         """
-        out: list[ReceivedMessage] = []
-        while len(out) < limit:
-            message = self.reserve_dead_letter(queue_name, timeout=timeout if not out else 0)
-            if message is None:
-                break
-            out.append(message)
-        return out
+        return _one_by_one(self.reserve_dead_letter, queue_name, limit, timeout)
 
     def ack_many(self, messages: Sequence[ReceivedMessage]) -> None:
         """:meth:`ack` each message, in order (reservation order is the cheapest for list-based queues).

@@ -165,6 +165,9 @@ class MemoryBinding(Binding):
         taken = self._take(queue_name, timeout, dead=False)
         return taken[0] if taken else None
 
+    def reserve_many(self, queue_name: str, limit: int, timeout: float = 0) -> list[ReceivedMessage]:
+        return self._take(queue_name, timeout, dead=False, limit=limit) if limit > 0 else []
+
     def reserve_dead_letter(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
         taken = self._take(queue_name, timeout, dead=True)
         return taken[0] if taken else None

@@ -21,6 +21,15 @@ A framed message (Node's Redis adapter, the Python SDK 1.24) is its inner envelo
 unwrap it when they read it (``bindings.base.parse_body``), a release keeps it framed, a dead letter is stored
 as the bare annotated envelope.
 
+A run reserves in batches (:meth:`Binding.reserve_many`, up to ``batch_size`` at once) and settles the handled
+messages of a batch with one :meth:`Binding.ack_many`, so a queue moves at the broker's pace rather than one round
+trip per message. Each message is still processed on its own: a handler's failure releases or dead-letters only
+that message, at once. What a crash can cost is bounded: the handled but unsettled messages (at most one batch,
+and no more than ``settle_interval`` seconds of handling) come back and run again, as any at-least-once delivery does;
+an idempotency store makes those redeliveries no-ops. Nothing is lost: a message is settled only after its
+handler returned. A batch whose handlers are slow shrinks the next one (down to one message), so reservations do
+not outlive the broker's visibility timeout while they wait their turn.
+
 The limits are checked on the raw bytes the binding returned; bindings decode a body when they reserve it
 (with orjson, which refuses nesting deeper than 1,024 levels without recursing), so the limits protect
 everything after that: validation, the dead-letter re-encoding, handlers and their own parsers.
@@ -46,10 +55,19 @@ from .logs import Log
 
 #: The contract's integers are signed 64-bit (and so are the brokers' attempts columns and headers).
 _MAX_COUNT = 2**63 - 1
+#: Messages reserved at once by default: large enough that a round trip per batch costs little beside a no-op
+#: handler's work, small enough that a crash repeats little and every binding's batch primitive takes it whole.
+DEFAULT_BATCH_SIZE = 100
+#: Seconds of handled-but-unsettled work the consumer keeps at most before it settles them.
+DEFAULT_SETTLE_INTERVAL = 1.0
+#: A batch whose processing took longer than this halves the next batch (down to one message).
+_SLOW_BATCH_SECONDS = 5.0
 
 __all__ = [
+    "DEFAULT_BATCH_SIZE",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_NESTING_DEPTH",
+    "DEFAULT_SETTLE_INTERVAL",
     "Backoff",
     "ConsumeSummary",
     "Consumer",
@@ -174,6 +192,11 @@ class Consumer:
     :param max_outage_seconds: how long :meth:`run` keeps retrying when the broker fails (a restart, a network
         blip) before it gives up and raises, so a short outage costs a pause instead of a failed task. Each
         broker error is logged and counted (``broker_errors``); 0 raises the first one.
+    :param batch_size: messages :meth:`run` reserves at once (the prefetch window on RabbitMQ, 10 at most per
+        SQS receive). Larger batches move a queue faster; a crash repeats at most one batch of handled messages.
+        1 settles every message before the next is reserved.
+    :param settle_interval: handled messages are settled (acked) at least this often, in seconds, even
+        mid-batch, which bounds what a crash repeats when handlers are slow.
     """
 
     def __init__(
@@ -191,6 +214,8 @@ class Consumer:
         max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
         max_nesting_depth: int | None = DEFAULT_MAX_NESTING_DEPTH,
         max_outage_seconds: float = 0.0,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        settle_interval: float = DEFAULT_SETTLE_INTERVAL,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
@@ -214,6 +239,16 @@ class Consumer:
         if not max_outage_seconds >= 0:
             raise ValueError(f"max_outage_seconds must be a number >= 0, got {max_outage_seconds!r}")
         self.max_outage_seconds = float(max_outage_seconds)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
+        self.batch_size = batch_size
+        if not settle_interval >= 0:
+            raise ValueError(f"settle_interval must be a number >= 0, got {settle_interval!r}")
+        self.settle_interval = float(settle_interval)
+        #: Handled messages waiting for the batch's ack, and failed ones for their release with their delay
+        #: (``None``: settle each at once, as :meth:`process` called alone does).
+        self._acks: list[ReceivedMessage] | None = None
+        self._releases: list[tuple[ReceivedMessage, float]] = []
         self._outage_since: float | None = None
         self._outage_errors = 0
         self.summary = ConsumeSummary()
@@ -259,12 +294,39 @@ class Consumer:
         if not _attempt_countable(message):
             return self._dead_letter(message, reason, f"{error} ({_NOT_COUNTABLE})", exception_name(exc), 1)
         delay = self.backoff.delay(message.attempts, self.rng)
-        self.binding.release(message, delay=delay)
+        self._release(message, delay)
         self.summary.retried += 1
         self.log.info("retry %s in %.1fs after %s: %s", message.meta_id, delay, exception_name(exc), error)
         return "retried"
 
     # ------------------------------------------------------------------------------------ process
+
+    def _ack(self, message: ReceivedMessage) -> None:
+        """Ack now, or (inside :meth:`run`'s batch) with the batch's other handled messages."""
+        if self._acks is None:
+            self.binding.ack(message)
+        else:
+            self._acks.append(message)
+
+    def _release(self, message: ReceivedMessage, delay: float) -> None:
+        """Release now, or (inside :meth:`run`'s batch) with the batch's settlement."""
+        if self._acks is None:
+            self.binding.release(message, delay=delay)
+        else:
+            self._releases.append((message, delay))
+
+    def _pending(self) -> tuple[list[ReceivedMessage], list[tuple[ReceivedMessage, float]]]:
+        """The batch's unsettled acks and releases, handed over (the lists start empty again)."""
+        acks, releases = self._acks or [], self._releases
+        self._acks, self._releases = ([] if self._acks is not None else None), []
+        return acks, releases
+
+    def _settle(self) -> None:
+        """Settle the batch's handled and failed messages so far in one call (a broker error leaves them reserved:
+        they come back, and the idempotency store, when set, keeps their handlers from running twice)."""
+        acks, releases = self._pending()
+        if acks or releases:
+            self.binding.settle(acks, releases)
 
     def process(self, message: ReceivedMessage) -> str:
         """Handle one delivery; returns what happened (``handled``, ``retried``, ``dead_letter:<reason>``...)."""
@@ -299,10 +361,10 @@ class Consumer:
         except Exception as exc:  # noqa: BLE001 - any handler failure is retried or dead-lettered
             return self._failed(message, exc, bq.Reason.FAILED)
         if effect is Effect.SKIP:
-            self.binding.ack(message)
+            self._ack(message)
             self.summary.skipped_duplicates += 1
             return "skipped_duplicate"
-        self.binding.ack(message)
+        self._ack(message)
         self.summary.handled += 1
         return "handled"
 
@@ -311,12 +373,12 @@ class Consumer:
         if strategy is UnknownUrnStrategy.DEAD_LETTER:
             return self._dead_letter(message, bq.Reason.UNKNOWN_URN, f"no handler is mapped for {urn}")
         if strategy is UnknownUrnStrategy.DELETE:
-            self.binding.ack(message)
+            self._ack(message)
             self.summary.deleted_unknown += 1
             self.log.info("deleted %s: no handler for %s (strategy delete)", message.meta_id, urn)
             return "deleted"
         if strategy is UnknownUrnStrategy.RELEASE:
-            self.binding.release(message, delay=self.backoff.delay(message.attempts, self.rng))
+            self._release(message, self.backoff.delay(message.attempts, self.rng))
             self.summary.released_unknown += 1
             return "released"
         return self._failed(message, LookupError(f"no handler is mapped for {urn}"), bq.Reason.UNKNOWN_URN)
@@ -333,28 +395,69 @@ class Consumer:
         progress_every: int = 1000,
     ) -> ConsumeSummary:
         """Consume until ``max_messages`` deliveries, ``max_seconds``, or (``stop_when_empty``) an empty
-        reserve, whichever comes first. A bounded run is what an Airflow task needs."""
+        reserve, whichever comes first. A bounded run is what an Airflow task needs.
+
+        Reserves up to :attr:`batch_size` messages at once, waiting up to ``reserve_timeout`` for the first with
+        the broker's blocking read; processes them in order; settles the handled ones together (see the module
+        docstring). ``progress_every`` deliveries, a progress line goes to the log."""
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
-        while max_messages is None or self.summary.received < max_messages:
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                break
-            timeout = reserve_timeout if remaining is None else max(0.0, min(reserve_timeout, remaining))
-            try:
-                message = self.binding.reserve(self.queue_name, timeout=timeout)
-                if message is not None:
-                    self.process(message)
-            except BindingError as exc:
-                self._ride_out(exc, deadline)
-                continue
-            self._outage_since = None
-            if message is None:
-                if stop_when_empty:
+        size, logged = self.batch_size, 0
+        self._acks, self._releases = [], []
+        try:
+            while max_messages is None or self.summary.received < max_messages:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
                     break
-                continue
-            if progress_every and self.summary.received % progress_every == 0:
-                self.log.info("progress on %s: %s", self.queue_name, self.summary.as_dict())
+                timeout = reserve_timeout if remaining is None else max(0.0, min(reserve_timeout, remaining))
+                want = size if max_messages is None else min(size, max_messages - self.summary.received)
+                try:
+                    # the previous batch is settled in the same call (one transaction on the SQL table)
+                    acks, releases = self._pending()
+                    batch = self.binding.settle_and_reserve(self.queue_name, want, timeout, acks=acks,
+                                                            releases=releases)
+                    began = time.monotonic()
+                    self._process_batch(batch)
+                except BindingError as exc:
+                    self._pending()  # still reserved on the broker: they come back (see _settle)
+                    self._ride_out(exc, deadline)
+                    continue
+                self._outage_since = None
+                if not batch:
+                    if stop_when_empty:
+                        break
+                    continue
+                took = time.monotonic() - began
+                if took > _SLOW_BATCH_SECONDS and size > 1:
+                    size = max(1, size // 2)  # slow handlers: fewer reservations wait their turn
+                elif took < _SLOW_BATCH_SECONDS / 4 and size < self.batch_size:
+                    size = min(self.batch_size, size * 2)
+                if progress_every and self.summary.received // progress_every > logged:
+                    logged = self.summary.received // progress_every
+                    self.log.info("progress on %s: %s", self.queue_name, self.summary.as_dict())
+            acks, releases = self._pending()  # the last batch
+            while acks or releases:
+                try:
+                    self.binding.settle(acks, releases)
+                    break
+                except BindingError as exc:  # settling again is harmless: each settle is gated on its receipt
+                    self._ride_out(exc, deadline)
+        finally:
+            self._acks, self._releases = None, []
+            try:
+                self.binding.end_reservations(self.queue_name)
+            except BindingError as exc:  # what it held comes back when its connection closes
+                self.log.warning("could not hand back prefetched messages of %s: %s", self.queue_name, exc)
         return self.summary
+
+    def _process_batch(self, batch: list[ReceivedMessage]) -> None:
+        """Process each message in order; the handled and failed ones wait for the batch's settlement, which
+        happens every :attr:`settle_interval` seconds too when handlers are slow."""
+        since = time.monotonic()
+        for message in batch:
+            self.process(message)
+            if time.monotonic() - since >= self.settle_interval:
+                self._settle()
+                since = time.monotonic()
 
     def _ride_out(self, exc: BindingError, deadline: float | None) -> None:
         """Wait out a broker error, or raise it once ``max_outage_seconds`` have passed since the first one.

@@ -9,6 +9,7 @@ from airflow.sdk import BaseOperator, Context
 
 from ..core.errors import BabelQueueError
 from ..engine.consume import (
+    DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_NESTING_DEPTH,
     Backoff,
@@ -86,6 +87,10 @@ class BabelQueueConsumeOperator(BaseOperator):
     :param max_outage_seconds: keep retrying the broker for up to this many seconds when it fails mid-run (a
         restart, a failover) before failing the task; every broker error is logged and counted in the summary's
         ``broker_errors``. 0 fails on the first one (then Airflow's task retries apply).
+    :param batch_size: messages reserved at once (RabbitMQ: the prefetch window is twice this; SQS takes at most
+        10 per receive). The handled messages of a batch are settled together, which is what lets a consumer keep
+        up with the broker; a worker killed mid-batch has the batch's handled messages delivered again (an
+        idempotency store makes that harmless). Batches shrink by themselves while handlers are slow.
     """
 
     template_fields: Sequence[str] = ("babelqueue_conn_id", "queue_name", "idempotency_conn_id",
@@ -114,6 +119,7 @@ class BabelQueueConsumeOperator(BaseOperator):
         max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
         max_nesting_depth: int | None = DEFAULT_MAX_NESTING_DEPTH,
         max_outage_seconds: float = 60.0,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -137,6 +143,9 @@ class BabelQueueConsumeOperator(BaseOperator):
         if not max_outage_seconds >= 0:
             raise ValueError(f"max_outage_seconds must be a number >= 0, got {max_outage_seconds!r}")
         self.max_outage_seconds = max_outage_seconds
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
+        self.batch_size = batch_size
 
     def execute(self, context: Context) -> dict[str, Any]:
         handlers = resolve_handlers(self.handlers)
@@ -163,6 +172,7 @@ class BabelQueueConsumeOperator(BaseOperator):
                 max_body_bytes=self.max_body_bytes,
                 max_nesting_depth=self.max_nesting_depth,
                 max_outage_seconds=self.max_outage_seconds,
+                batch_size=self.batch_size,
             )
             summary = consumer.run(
                 max_messages=self.max_messages,

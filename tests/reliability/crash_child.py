@@ -1,4 +1,4 @@
-"""The process the crash suite kills: a drain or a replay that SIGKILLs itself at a chosen point.
+"""The process the crash suite kills: a drain, a replay or a consume that SIGKILLs itself at a chosen point.
 
 The crash suite starts it with :func:`start` (a process forked from a fork server that has this module and
 the broker clients imported already); ``python -m tests.reliability.crash_child '<json spec>'`` runs one by
@@ -8,7 +8,14 @@ the kill point: ``{"method": "ack_many", "nth": 3, "when": "after"}`` kills the 
 call; ``{"seconds": 0.003}`` kills it that long after the first ``reserve_dead_letters`` call (a Redis drain:
 ``open_dead_letter_pipeline``), wherever it is then. Owner ``pipeline`` is the Redis drain's
 ``RedisDeadLetterPipeline`` class (whose ``ack`` only sends: the server may or may not have run it). No Airflow
-is imported: the drain and the replay engine are the same code the operators run.
+is imported: the drain, the replay engine and the consumer are the same code the operators run.
+
+A consume (``"op": "consume"``) runs :class:`~airflow_provider_babelqueue.engine.consume.Consumer` in batches on
+the spec's ``queue`` with a handler that appends each ``meta.id`` it handles to the ``handled`` file (one line,
+written and fsynced before the handler returns: a message handled but not yet acked shows up again when it is
+redelivered). Owner ``handler`` is that recorder (``{"owner": "handler", "method": "record", "when": "after"}``
+kills inside the handler, the record written, before it returns); a ``seconds`` kill starts at the first
+``reserve_many`` (the child connects before it).
 """
 
 from __future__ import annotations
@@ -23,8 +30,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.bindings.base import Binding
 from airflow_provider_babelqueue.engine import replay as replay_engine
+from airflow_provider_babelqueue.engine.consume import Consumer
 from airflow_provider_babelqueue.engine.drain import DrainSource, LocalFileSink, drain_dead_letters
 from airflow_provider_babelqueue.engine.replay import replayer as replayer_module
 
@@ -82,22 +91,52 @@ def arm_timer(owner: Any, name: str, seconds: float) -> None:
     setattr(owner, name, wrapper)
 
 
+class Recorder:
+    """A handler's durable effect: each handled ``meta.id`` appended to a file as one line, fsynced at once."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def record(self, envelope: dict[str, Any]) -> None:
+        os.write(self.fd, f"{bq.meta_id_of(envelope)}\n".encode())
+        os.fsync(self.fd)
+
+    def handlers(self, urn: str) -> dict[str, Any]:
+        """The consumer's handler map: ``urn`` → the recorder, looked up at each call (so :func:`arm` reaches it)."""
+        return {urn: lambda envelope: self.record(envelope)}
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def consume(binding: Binding, spec: dict[str, Any], recorder: Recorder) -> None:
+    """A batched consumer run on ``spec["queue"]`` until the queue is empty, each delivery recorded."""
+    Consumer(binding, spec["queue"], recorder.handlers(spec["urn"]), batch_size=spec["batch"]).run(
+        reserve_timeout=spec.get("reserve_timeout", 0.05))
+
+
 def main(spec: dict[str, Any]) -> int:
     binding = make_binding(spec["binding"])
-    kill = spec["kill"]
-    sink = LocalFileSink(spec["staging"]) if spec["op"] == "drain" else None
-    pipelined = spec["op"] == "drain" and spec["binding"]["kind"] == "redis"
+    kill, op = spec["kill"], spec["op"]
+    sink = LocalFileSink(spec["staging"]) if op == "drain" else None
+    recorder = Recorder(spec["handled"]) if op == "consume" else None
+    pipelined = op == "drain" and spec["binding"]["kind"] == "redis"
+    if recorder is not None:  # connect first: a consume's timer counts from its first reserve_many, not the connect
+        binding.depth(spec["queue"])
     if "seconds" in kill:
-        arm_timer(binding, "open_dead_letter_pipeline" if pipelined else "reserve_dead_letters", kill["seconds"])
+        first = "open_dead_letter_pipeline" if pipelined else "reserve_dead_letters"
+        arm_timer(binding, "reserve_many" if recorder is not None else first, kill["seconds"])
     else:
         # "engine" kill points patch the functions the replayer calls (remember_many, ...), where it looks them up
-        owners = {"binding": binding, "sink": sink, "engine": replayer_module}
+        owners = {"binding": binding, "sink": sink, "engine": replayer_module, "handler": recorder}
         if pipelined:  # the drain reserves and acks through the pipeline's methods (armed on its class)
             from airflow_provider_babelqueue.bindings.redis.pipeline import RedisDeadLetterPipeline
 
             owners["pipeline"] = RedisDeadLetterPipeline
         arm(owners[kill["owner"]], kill["method"], kill["nth"], kill["when"])
-    if spec["op"] == "drain":
+    if recorder is not None:
+        consume(binding, spec, recorder)
+    elif op == "drain":
         drain_dead_letters([DrainSource(binding, spec["queue"], "crash")], sink, mode="move",
                            batch_records=spec["batch"])
     else:
@@ -132,7 +171,9 @@ _CONTEXT.set_forkserver_preload([__name__, "airflow_provider_babelqueue.bindings
                                  "airflow_provider_babelqueue.bindings.rabbitmq",
                                  "airflow_provider_babelqueue.bindings.sql",
                                  "airflow_provider_babelqueue.bindings.sql.stores",
-                                 "airflow_provider_babelqueue.bindings.redis.stores"])
+                                 "airflow_provider_babelqueue.bindings.redis.stores",
+                                 # the clients the bindings import when one is made (redis alone takes 0.5 s)
+                                 "redis", "pika", "sqlite3", "psycopg2"])
 
 
 def start(spec: dict[str, Any], error_file: Path, timeout: float = 120) -> tuple[int, str]:

@@ -344,6 +344,12 @@ class AzureServiceBusBinding(Binding):
         got = self._take(queue_name, "queue", 1, timeout)
         return got[0] if got else None
 
+    def reserve_many(self, queue_name: str, limit: int, timeout: float = 0) -> list[ReceivedMessage]:
+        """One PeekLock receive of up to ``limit`` messages (the SDK waits up to ``timeout``, at least
+        ``min_receive_wait``, for the first and returns what arrived); each is completed on its own
+        (:meth:`ack_many`), the SDK settling one lock token per call."""
+        return self._take(queue_name, "queue", limit, timeout) if limit > 0 else []
+
     def reserve_dead_letter(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
         got = self.reserve_dead_letters(queue_name, 1, timeout)
         return got[0] if got else None

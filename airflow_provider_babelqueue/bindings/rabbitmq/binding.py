@@ -11,9 +11,14 @@ queue per distinct delay, with ``x-message-ttl=<ms>`` and dead-lettering through
 order; per-message ``expiration`` on one shared queue would hold a short delay behind a long one (RabbitMQ
 only expires the head). ``x-expires`` drops a delay queue a minute after its last use.
 
-Reserving is ``basic.get`` with manual ack, polled while ``reserve(timeout=...)`` waits. A reservation is an
-unacked delivery on this binding's channel: when the process dies (SIGKILL included) or the connection drops,
-RabbitMQ requeues it itself. That is the crash recovery, with no deadline to tune.
+A single reserve is ``basic.get`` with manual ack, polled while ``reserve(timeout=...)`` waits. A batch
+(:meth:`RabbitMQBinding.reserve_many`, what the consumer uses) comes from ``basic.consume`` on a channel of its own
+with a prefetch window of twice the batch (:class:`~.prefetch.Prefetch`): the broker pushes the next batch while
+this one is handled, a wait blocks on the socket until a delivery arrives, and handled messages are acked with one
+``basic.ack(multiple=True)`` when they are all the channel holds up to the last. A reservation is an unacked
+delivery on this binding's channel: when the process dies (SIGKILL included) or the connection drops, RabbitMQ
+requeues it itself. That is the crash recovery, with no deadline to tune. Deliveries pushed ahead and never handed
+out are requeued by :meth:`RabbitMQBinding.end_reservations` (the consumer calls it when its run ends).
 
 Dead letters are reserved on a channel of their own in transaction mode (``tx.select``): their acks and
 requeues take effect at ``tx.commit``, which returns once the broker has applied them. That lets a redrive
@@ -53,11 +58,16 @@ from ..base import (
     parse_body,
     require_extra,
 )
+from .prefetch import Prefetch
 from .wire import MAX_BODY, MIRROR, RabbitMQConfig, amqp_properties, confirmed_batch
 
 __all__ = ["MAX_BODY", "MIRROR", "RabbitMQBinding", "RabbitMQConfig", "amqp_properties"]
 
 T = TypeVar("T")
+#: Longest wait on the socket while holding the binding's lock in :meth:`RabbitMQBinding.reserve_many`.
+_WAIT_SLICE = 0.1
+#: Pause between ``basic.get`` polls while the prefetch window is full.
+_YIELD_SECONDS = 0.02
 logger = logging.getLogger(__name__)
 
 #: The binding whose passive declare runs in this thread, while it runs (see :class:`_ExpectedNotFound`).
@@ -127,10 +137,12 @@ class RabbitMQBinding(Binding):
         self._lock = threading.RLock()
         self._work: Any = None  # basic.get, ack, publish (confirm mode): never used for a declare that may fail
         self._dlq: Any = None  # dead-letter basic.get, ack, requeue and redrive publishes (transaction mode)
+        self._consume: Any = None  # basic.consume of reserve_many, its acks and requeues (no confirm, no tx)
+        self._feeds: dict[str, Prefetch] = {}  # queue → its consumer on the consume channel's generation
         self._probe: Any = None  # declares: a passive declare of a missing queue closes its channel
-        self._generations = {"work": 0, "dlq": 0}
+        self._generations = {"work": 0, "dlq": 0, "consume": 0}
         #: Per reserving channel: delivery tag on its current generation → lease deadline.
-        self._held: dict[str, dict[int, float]] = {"work": {}, "dlq": {}}
+        self._held: dict[str, dict[int, float]] = {"work": {}, "dlq": {}, "consume": {}}
         self._known: set[str] = set()
         self._created: set[str] = set()
         self._stop = threading.Event()
@@ -159,7 +171,7 @@ class RabbitMQBinding(Binding):
             if not self._owns:
                 raise self._pika.exceptions.ConnectionWrongStateError("the injected connection is closed")
             conn = self._connection = self._pika.BlockingConnection(self.config.parameters(self._pika))
-            self._work = self._probe = self._dlq = None
+            self._work = self._probe = self._dlq = self._consume = None
             self._start_pump()
         if kind == "probe":
             if self._probe is None or self._probe.is_closed:
@@ -172,6 +184,13 @@ class RabbitMQBinding(Binding):
                 self._generations["dlq"] += 1
                 self._held["dlq"].clear()  # the broker requeued what the closed channel held
             return self._dlq
+        if kind == "consume":
+            if self._consume is None or self._consume.is_closed:
+                self._consume = conn.channel()
+                self._generations["consume"] += 1
+                self._held["consume"].clear()  # the broker requeued what the closed channel held
+                self._feeds.clear()  # and its consumers are gone with it
+            return self._consume
         if self._work is None or self._work.is_closed:
             self._work = conn.channel()
             if self.config.publisher_confirms:
@@ -182,7 +201,7 @@ class RabbitMQBinding(Binding):
 
     def _open(self, kind: str) -> Any:
         """The ``work`` or ``dlq`` channel if it is open now, else ``None`` (its deliveries are requeued)."""
-        channel = self._dlq if kind == "dlq" else self._work
+        channel = {"dlq": self._dlq, "consume": self._consume}.get(kind, self._work)
         return None if channel is None or channel.is_closed else channel
 
     def _holds(self, receipt: _Receipt) -> Any:
@@ -567,17 +586,115 @@ class RabbitMQBinding(Binding):
             return
         with self._lock, self._guard(action, receipts[0].source):
             self._expire()
-            commit = None
+            commit, fed = None, []
             for receipt in receipts:
                 channel = self._holds(receipt)
                 if channel is None:
                     self._warn_gone(receipt)
                     continue
+                if receipt.channel == "consume" and not requeue:
+                    fed.append(receipt.tag)
+                    continue
                 self._let_go(receipt, channel, requeue)
                 if receipt.channel == "dlq":
                     commit = channel
+            if fed:
+                self._ack_fed(fed)
             if commit is not None:
                 commit.tx_commit()
+
+    def _ack_fed(self, tags: list[int]) -> None:
+        """Ack held deliveries of the consume channel: one ``basic.ack(multiple=True)`` when they are every
+        delivery the channel holds up to the highest (handed out or still in a prefetch window), else one each."""
+        held, top = self._held["consume"], max(tags)
+        acking = set(tags)
+        channel = self._consume
+        below = [tag for tag in held if tag <= top]
+        waiting = any(tag <= top for feed in self._feeds.values() for tag in feed.tags())
+        for tag in tags:
+            del held[tag]
+        if len(below) == len(acking) and not waiting:
+            channel.basic_ack(top, multiple=True)
+        else:
+            for tag in sorted(acking):
+                channel.basic_ack(tag)
+
+    def _feed(self, queue_name: str, limit: int) -> Prefetch | None:
+        """The queue's consumer on the consume channel, started with a prefetch window of ``2 * limit`` on first
+        use (``None``: the queue does not exist and is not to be declared). Caller holds the lock."""
+        feed = self._feeds.get(queue_name)
+        if feed is not None and feed.generation == self._generations["consume"] and self._open("consume"):
+            return feed
+        if not self._exists(queue_name, self.config.declare_queues):
+            return None
+        channel = self._channel("consume")
+        feed = Prefetch(queue_name, self._generations["consume"], min(2 * limit, 65535))
+        channel.basic_qos(prefetch_count=feed.prefetch)
+        feed.tag = channel.basic_consume(queue_name, feed.deliver, auto_ack=False)
+        self._feeds[queue_name] = feed
+        return feed
+
+    def reserve_many(self, queue_name: str, limit: int, timeout: float = 0) -> list[ReceivedMessage]:
+        """Up to ``limit`` deliveries from the queue's consumer (``basic.consume``, prefetch ``2 * limit``), in
+        queue order: what the broker has pushed so far. When none has arrived, waits up to ``timeout`` on the
+        connection's socket in slices of a tenth of a second, letting other threads use the binding between them;
+        when the window is full of deliveries handed out and not settled (the broker pushes nothing more until
+        some are), or the wait is over, a ``basic.get`` answers for the queue itself."""
+        if limit <= 0:
+            return []
+        end = time.monotonic() + max(timeout, 0)
+        while True:
+            with self._lock, self._guard("reserve", queue_name):
+                self._expire()
+                feed = self._reconnecting(lambda: self._feed(queue_name, limit))
+                if feed is None:
+                    return []
+                self._connection.process_data_events(0)  # what has arrived since
+                if feed.waiting:
+                    return self._hand_out(feed, queue_name, limit)
+                full = len(self._held["consume"]) >= feed.prefetch
+                remaining = end - time.monotonic()
+                if remaining > 0 and not full:
+                    self._connection.process_data_events(time_limit=min(remaining, _WAIT_SLICE))
+                    if feed.waiting:
+                        return self._hand_out(feed, queue_name, limit)
+                if full or end - time.monotonic() <= 0:
+                    # an empty window does not mean an empty queue (the next push may be on its way, or the window
+                    # is full): basic.get answers for the queue itself, and what it takes is held like the rest
+                    method, props, body = self._consume.basic_get(queue_name, auto_ack=False)
+                    # pushes that arrived during the get (lower tags: the broker sent them before its answer) are
+                    # dispatched into the window, which stays in tag order: a multiple ack relies on it (every
+                    # tag up to the acked one is accounted for), and a get-empty is empty only without them
+                    self._connection.process_data_events(0)
+                    if method is not None:
+                        feed.waiting.append((method, props, body))
+                        feed.sort()
+                    if feed.waiting:
+                        return self._hand_out(feed, queue_name, limit)
+                    if end - time.monotonic() <= 0:
+                        return []
+            time.sleep(_YIELD_SECONDS if full else 0.0005)  # outside the lock: another thread's call gets it
+
+    def _hand_out(self, feed: Prefetch, queue_name: str, limit: int) -> list[ReceivedMessage]:
+        lease = time.monotonic() + (self.config.visibility_timeout or math.inf)
+        held, generation, out = self._held["consume"], self._generations["consume"], []
+        for method, props, body in feed.take(limit):
+            held[method.delivery_tag] = lease
+            receipt = _Receipt(generation, method.delivery_tag, queue_name, "consume")
+            out.append(self._received(method, props, bytes(body or b""), queue_name, False, receipt))
+        return out
+
+    def end_reservations(self, queue_name: str) -> None:
+        """Requeue the deliveries the queue's consumer was pushed and did not hand out, then cancel it."""
+        with self._lock:
+            feed = self._feeds.pop(queue_name, None)
+            channel = self._open("consume")
+            if feed is None or channel is None or feed.generation != self._generations["consume"]:
+                return
+            with self._guard("hand back prefetched messages of", queue_name):
+                for method, _props, _body in feed.take(len(feed.waiting)):
+                    channel.basic_reject(method.delivery_tag, requeue=True)
+                channel.basic_cancel(feed.tag)  # pika requeues what arrived meanwhile
 
     def reserve(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
         return self._take(queue_name, [queue_name], timeout, dead=False)
@@ -656,8 +773,9 @@ class RabbitMQBinding(Binding):
         """Close what this binding opened; unacked reservations go back to their queues (broker requeue)."""
         with self._lock:
             self._stop.set()
-            channels, conn = (self._work, self._dlq, self._probe), self._connection
-            self._work = self._dlq = self._probe = None
+            channels, conn = (self._work, self._dlq, self._probe, self._consume), self._connection
+            self._work = self._dlq = self._probe = self._consume = None
+            self._feeds.clear()
             for held in self._held.values():
                 held.clear()
             try:

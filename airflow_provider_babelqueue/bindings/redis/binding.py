@@ -67,6 +67,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: Most bytes of values one batch reservation returns (beyond its first value): bounds a consumer's batch in memory.
+_BATCH_REPLY_BUDGET = 8 * 1024 * 1024
 #: Longest single BLMOVE wait: maintenance (due delayed items, expired reservations) runs at least this often.
 _BLOCK_SLICE = 1.0
 #: Bodies per RPUSH in publish_batch.
@@ -456,11 +458,12 @@ class RedisBinding(Binding):
             logger.warning("Redis reservation in %r is gone (settled already, or expired and requeued for another "
                            "delivery); nothing was changed", receipt.processing)
 
-    def _settle_many(self, groups: dict[tuple[str, str | None, float], list[tuple[_Receipt, bytes]]],
-                     action: str) -> None:
-        """Settle reservations grouped by (processing list, target, delay): one script call per chunk of a group,
-        with the tokens, raw values and bodies packed into a few arguments (see ``SETTLE_MANY``)."""
-        gone = 0
+    @staticmethod
+    def _settle_calls(groups: dict[tuple[str, str | None, float], list[tuple[_Receipt, bytes]]]
+                      ) -> list[tuple[list[str], list[Any], int]]:
+        """``SETTLE_MANY`` calls (keys, args, reservations) settling reservations grouped by (processing list,
+        target, delay): one per chunk of a group, the tokens, raw values and bodies packed into a few arguments."""
+        calls: list[tuple[list[str], list[Any], int]] = []
         for (processing, target, delay), items in groups.items():
             keys = [processing, f"{processing}:deadlines"] + ([target] if target else [])
             for start in range(0, len(items), MANY_CHUNK):
@@ -471,12 +474,48 @@ class RedisBinding(Binding):
                 if target:
                     bodies = [body for _, body in chunk]
                     args[4:] = [",".join(map(str, map(len, bodies))), b"".join(bodies)]
-                with self._guard(action, processing):
-                    done = int(self._settle_many_script(keys=keys, args=args))
-                gone += len(chunk) - done
+                calls.append((keys, args, len(chunk)))
+        return calls
+
+    def _settle_many(self, groups: dict[tuple[str, str | None, float], list[tuple[_Receipt, bytes]]],
+                     action: str) -> None:
+        """Settle reservations grouped by (processing list, target, delay) (see :meth:`_settle_calls`)."""
+        gone = 0
+        for keys, args, count in self._settle_calls(groups):
+            with self._guard(action, keys[0]):
+                gone += count - int(self._settle_many_script(keys=keys, args=args))
+        self._warn_gone(gone)
+
+    @staticmethod
+    def _warn_gone(gone: int) -> None:
         if gone:
             logger.warning("%d Redis reservations were gone (settled already, or expired and requeued for another "
                            "delivery); nothing was changed for them", gone)
+
+    def _ack_calls(self, messages: Sequence[ReceivedMessage]) -> list[tuple[list[str], list[_Receipt]]]:
+        """``ACK_HEAD`` calls (keys, reservations) acking ``messages``: per processing list and chunk of 2000."""
+        groups: dict[str, list[_Receipt]] = {}
+        for message in messages:
+            receipt = self._receipt_of(message)
+            groups.setdefault(receipt.processing, []).append(receipt)
+        return [([processing, f"{processing}:deadlines"], receipts[start:start + MANY_CHUNK])
+                for processing, receipts in groups.items() for start in range(0, len(receipts), MANY_CHUNK)]
+
+    def _release_groups(self, releases: Sequence[tuple[ReceivedMessage, float]]
+                        ) -> dict[tuple[str, str | None, float], list[tuple[_Receipt, bytes]]]:
+        """Reservations to release, grouped for :meth:`_settle_calls`: a dead letter back on the DLQ it came from
+        exactly as stored; a message to the end of its ready list (``:delayed`` with a delay), attempts + 1."""
+        groups: dict[tuple[str, str | None, float], list[tuple[_Receipt, bytes]]] = {}
+        for message, delay in releases:
+            receipt = self._receipt_of(message)
+            delay = max(float(delay), 0.0)
+            if message.from_dead_letter:
+                group, body = (receipt.processing, _source_of(receipt), 0.0), message.body
+            else:
+                key = self._key(message.queue_name)
+                group, body = (receipt.processing, f"{key}:delayed" if delay > 0 else key, delay), bumped_body(message)
+            groups.setdefault(group, []).append((receipt, body))
+        return groups
 
     @staticmethod
     def _receipt_of(message: ReceivedMessage) -> _Receipt:
@@ -553,6 +592,39 @@ class RedisBinding(Binding):
     def reserve(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
         return self._take(queue_name, self._key(queue_name), timeout, dead=False)
 
+    def reserve_many(self, queue_name: str, limit: int, timeout: float = 0) -> list[ReceivedMessage]:
+        """Up to ``limit`` messages with one script per 2000 (maintenance, then what LMOVE + a deadline member each
+        does for :meth:`reserve`: the same crash recovery). A value over 1 MiB is reserved on its own by the single
+        path (read in slices when it is over the decode limit) and one reply carries at most 8 MiB of values, so a
+        batch of large bodies never lands in memory at once. When the list is empty, waits up to ``timeout`` for
+        the first message with BLMOVE, then takes what else is ready without waiting."""
+        if limit <= 0:
+            return []
+        source = self._key(queue_name)
+        keys, vt = self._keys(source, dead=False), repr(float(self.config.visibility_timeout))
+        out: list[ReceivedMessage] = []
+        while len(out) < limit:
+            want, stem = min(limit - len(out), MANY_CHUNK), secrets.token_hex(12)
+            with self._guard("reserve", source):
+                reply = self._reserve_many_script(keys=keys, args=[vt, stem, SWEEP_BATCH, want, LARGE_VALUE,
+                                                                   _BATCH_REPLY_BUDGET])
+            if isinstance(reply, int):  # the head is a large value: the single path reserves it
+                if (message := self._take(queue_name, source, 0, dead=False)) is None:
+                    break
+                out.append(message)
+                continue
+            raws = as_bytes(reply)
+            out += [self._parsed(raw, queue_name, False, _Receipt(f"{stem}{index:08x}", raw, keys[1]))
+                    for index, raw in enumerate(raws, 1)]
+            if len(raws) < want:  # nothing more ready now (or the batch stopped before a large value)
+                break
+        if out or timeout <= 0:
+            return out
+        message = self._take(queue_name, source, timeout, dead=False)
+        if message is None:
+            return []
+        return [message, *(self.reserve_many(queue_name, limit - 1) if limit > 1 else ())]
+
     def reserve_dead_letter(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
         """The head of the first dead-letter source that has one. While all are empty it waits on the written
         list (BLMOVE) in slices of at most a second, looking at the others between slices."""
@@ -614,35 +686,60 @@ class RedisBinding(Binding):
         alone. Per processing list and chunk of 2000, one script when the batch is the head of the processing
         list in reservation order (a drain's case: only the tokens travel), else one script that checks each
         reservation's own member (ZMSCORE) and removes the held ones."""
-        groups: dict[str, list[_Receipt]] = {}
-        for message in messages:
-            receipt = self._receipt_of(message)
-            groups.setdefault(receipt.processing, []).append(receipt)
         slow: dict[tuple[str, str | None, float], list[tuple[_Receipt, bytes]]] = {}
-        for processing, receipts in groups.items():
-            keys = [processing, f"{processing}:deadlines"]
-            for start in range(0, len(receipts), MANY_CHUNK):
-                chunk = receipts[start:start + MANY_CHUNK]
-                with self._guard("ack reservations", processing):
-                    done = int(self._ack_head_script(keys=keys, args=["".join(r.token for r in chunk)]))
-                if done < 0:
-                    slow.setdefault((processing, None, 0.0), []).extend((receipt, b"") for receipt in chunk)
+        for keys, receipts in self._ack_calls(messages):
+            with self._guard("ack reservations", keys[0]):
+                done = int(self._ack_head_script(keys=keys, args=["".join(r.token for r in receipts)]))
+            if done < 0:
+                slow.setdefault((keys[0], None, 0.0), []).extend((receipt, b"") for receipt in receipts)
         self._settle_many(slow, "ack reservations")
 
     def release_many(self, messages: Sequence[ReceivedMessage], delay: float = 0) -> None:
         """:meth:`release` for many: one script per (processing list, target) and chunk, gated per member."""
-        groups: dict[tuple[str, str | None, float], list[tuple[_Receipt, bytes]]] = {}
-        delay = max(float(delay), 0.0)
-        for message in messages:
-            receipt = self._receipt_of(message)
-            if message.from_dead_letter:  # back on the DLQ it came from, exactly as stored (as release does)
-                group, body = (receipt.processing, _source_of(receipt), 0.0), message.body
-            else:
-                key = self._key(message.queue_name)
-                target = f"{key}:delayed" if delay > 0 else key
-                group, body = (receipt.processing, target, delay), bumped_body(message)
-            groups.setdefault(group, []).append((receipt, body))
-        self._settle_many(groups, "release reservations")
+        self._settle_many(self._release_groups([(message, delay) for message in messages]), "release reservations")
+
+    def settle_and_reserve(self, queue_name: str, limit: int, timeout: float = 0, *,
+                           acks: Sequence[ReceivedMessage] = (),
+                           releases: Sequence[tuple[ReceivedMessage, float]] = ()) -> list[ReceivedMessage]:
+        """The previous batch's releases and acks and the next batch's reservation as one pipeline: one round trip
+        per batch (the scripts run one after the other on the server, each atomic as on its own). Settlements
+        carrying a value over 1 MiB go the separate way (:meth:`settle`, whose commands are sent in pieces)."""
+        groups = self._release_groups(releases)
+        large = any(len(body) > LARGE_VALUE or len(receipt.raw) > LARGE_VALUE
+                    for items in groups.values() for receipt, body in items)
+        if limit <= 0 or (not acks and not releases) or large:
+            return super().settle_and_reserve(queue_name, limit, timeout, acks=acks, releases=releases)
+        source = self._key(queue_name)
+        keys, vt = self._keys(source, dead=False), repr(float(self.config.visibility_timeout))
+        want, stem = min(limit, MANY_CHUNK), secrets.token_hex(12)
+        settles, ack_calls = self._settle_calls(groups), self._ack_calls(acks)
+        with self._guard("settle and reserve", source):
+            pipe = self.client.pipeline(transaction=False)
+            for call_keys, args, _count in settles:
+                self._settle_many_script(keys=call_keys, args=args, client=pipe)
+            for call_keys, receipts in ack_calls:
+                self._ack_head_script(keys=call_keys, args=["".join(r.token for r in receipts)], client=pipe)
+            self._reserve_many_script(keys=keys, args=[vt, stem, SWEEP_BATCH, want, LARGE_VALUE, _BATCH_REPLY_BUDGET],
+                                      client=pipe)
+            replies = pipe.execute()
+        gone = sum(count - int(done) for (_k, _a, count), done in zip(settles, replies, strict=False))
+        self._warn_gone(gone)
+        slow: dict[tuple[str, str | None, float], list[tuple[_Receipt, bytes]]] = {}
+        for (call_keys, receipts), done in zip(ack_calls, replies[len(settles):], strict=False):
+            if int(done) < 0:  # not the head of the processing list: each reservation checked on its own
+                slow.setdefault((call_keys[0], None, 0.0), []).extend((receipt, b"") for receipt in receipts)
+        self._settle_many(slow, "ack reservations")
+        reply = replies[-1]
+        if isinstance(reply, int):  # the head is a large value: the single path reserves it
+            return self.reserve_many(queue_name, limit, timeout)
+        raws = as_bytes(reply)
+        out = [self._parsed(raw, queue_name, False, _Receipt(f"{stem}{index:08x}", raw, keys[1]))
+               for index, raw in enumerate(raws, 1)]
+        if not out:
+            return self.reserve_many(queue_name, limit, timeout)
+        if len(raws) == want and want < limit:
+            out += self.reserve_many(queue_name, limit - want)
+        return out
 
     def release(self, message: ReceivedMessage, delay: float = 0) -> None:
         """Back to the END of the ready list with ``attempts`` + 1 (to ``:delayed`` when ``delay`` > 0); a header

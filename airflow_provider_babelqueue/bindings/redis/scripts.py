@@ -77,16 +77,27 @@ return raw
 """
 )
 
-# KEYS: ready, processing, deadlines[, delayed]. ARGV: visibility timeout, token stem (24 hex), batch, limit.
-# Maintenance, then up to ``limit`` single reservations at once: what N LMOVEs would move (LRANGE + LTRIM +
-# RPUSH to processing), each with its own deadline member '<stem><8-hex index>:<raw>' (the single path's format,
-# a distinct token each, so equal bodies stay separate reservations). Bulk commands of 500 elements instead
-# of two calls per element. Returns the raw values in order (empty: none ready).
+# KEYS: ready, processing, deadlines[, delayed]. ARGV: visibility timeout, token stem (24 hex), batch, limit[,
+# value cap, reply budget]. Maintenance, then up to ``limit`` single reservations at once: what N LMOVEs would move
+# (LRANGE + LTRIM + RPUSH to processing), each with its own deadline member '<stem><8-hex index>:<raw>' (the single
+# path's format, a distinct token each, so equal bodies stay separate reservations). Bulk commands of 500 elements
+# instead of two calls per element. With a cap, the batch stops before a value longer than the cap and once the
+# values passed the reply budget (the first value always goes), and -1 means the head itself is over the cap (the
+# caller reserves it alone, where a large value is read in slices). Returns the raw values in order (empty: none).
 RESERVE_MANY = (
     _LUA_HEAD
     + _MAINTAIN
     + """
 local raws = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[4]) - 1)
+if ARGV[5] then
+  local cap, budget, total = tonumber(ARGV[5]), tonumber(ARGV[6]), 0
+  for i = 1, #raws do
+    local len = #raws[i]
+    if len > cap and i == 1 then return -1 end
+    total = total + len
+    if len > cap or (total > budget and i > 1) then raws = {unpack(raws, 1, i - 1)} break end
+  end
+end
 local n = #raws
 if n == 0 then return raws end
 redis.call('LTRIM', KEYS[1], n, -1)

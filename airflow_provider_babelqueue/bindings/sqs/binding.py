@@ -479,6 +479,23 @@ class SqsBinding(Binding):
         """ReceiveMessage; ``timeout`` is rounded up to whole seconds of long polling."""
         return self._receive(queue_name, self._url(queue_name), timeout)
 
+    def reserve_many(self, queue_name: str, limit: int, timeout: float = 0) -> list[ReceivedMessage]:
+        """ReceiveMessage of up to ten at a time (SQS's most), long polling up to ``timeout`` (whole seconds) for
+        the first, then taking what else is there without waiting; settle them with :meth:`ack_many`
+        (DeleteMessageBatch, ten per call)."""
+        if limit <= 0:
+            return []
+        url, out = self._url(queue_name), list[ReceivedMessage]()
+        deadline = time.monotonic() + max(timeout, 0)
+        while len(out) < limit:
+            left = deadline - time.monotonic()
+            wait = min(math.ceil(left), self.config.wait_time_seconds) if left > 0 and not out else 0
+            batch = self._receive_batch(queue_name, url, limit - len(out), wait)
+            out += batch
+            if not batch and (out or deadline - time.monotonic() <= 0.01):
+                break
+        return out
+
     def reserve_dead_letter(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
         """The next dead letter of any source (:meth:`dead_letter_sources`, in order); see
         :meth:`reserve_dead_letters`."""
