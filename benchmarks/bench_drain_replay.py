@@ -13,30 +13,43 @@
   per message, fsync per 1000: the same round trips as ``move`` without our bookkeeping.
 * Drain loop alone: ``drain_dead_letters`` over a zero-cost in-process binding (records + writes + fsync),
   i.e. the cost the drain logic adds on top of the broker.
-* Replay: the drained JSONL as a replay set into Redis, ledger on (Redis seen-sets), one run: per batch of 500
-  one SMISMEMBER, one RPUSH, two SADDs.
+* Replay: the drained JSONL as a replay set into Redis (cut to ``--replay-n`` records, or topped up to it with the
+  records of more dead letters), ledger on (Redis seen-sets), one run: per batch of 500 one SMISMEMBER, then one
+  RPUSH and two SADDs in one MULTI/EXEC. Against a raw baseline in the same run: the same file read line by line,
+  each body reset with bare orjson (loads, drop ``dead_letter``, ``attempts`` 0, dumps) and one pipelined RPUSH +
+  SADD of the ``meta.id`` values per 500, no ledger lookup. Printed for both: client (``process_time``) and
+  ``redis-server`` CPU per message. The replay's round trips are serial (each batch waits for its reply), so its
+  wall time is about the sum of the two, and the larger one bounds the rate. Also printed: how ours splits its
+  client CPU (the feed alone and the envelope work alone, re-run over the same file) and the wall time spent
+  inside its Redis calls (lookups and publish transactions, redis-py included).
 
-Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_drain_replay.py [--n 100000] [--replay-n 100000]``.
+Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_drain_replay.py [--n 100000] [--replay-n 100000]``
+(``--n 20000 --replay-n 100000``: a short drain, a full-size replay).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from itertools import islice
 from pathlib import Path
+from typing import Any
 
+import orjson
 import redis
 
 from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.bindings.base import Binding, ReceivedMessage, parse_body
 from airflow_provider_babelqueue.bindings.redis import RedisBinding, RedisConfig
+from airflow_provider_babelqueue.core.frames import open_body
 from airflow_provider_babelqueue.engine.drain import DrainSource, LocalFileSink, drain_dead_letters
-from airflow_provider_babelqueue.engine.replay import Replayer, feed_from_replay_set
+from airflow_provider_babelqueue.engine.replay import Replayer, feed_from_replay_set, iter_replay_set
 
 QUIET = logging.getLogger("bench.quiet")
 QUIET.setLevel(logging.WARNING)
@@ -117,6 +130,123 @@ def redis_cpu(client: redis.Redis) -> float:
         info.get("used_cpu_sys_main_thread", info["used_cpu_sys"]))
 
 
+class Cost:
+    """Wall, client CPU (``process_time``) and ``redis-server`` CPU of one timed block."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.wall = self.cpu = self.server = 0.0
+
+    def __enter__(self) -> Cost:
+        self.server, self.cpu, self.wall = redis_cpu(self.client), time.process_time(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+        self.server = redis_cpu(self.client) - self.server
+
+
+class CallClock:
+    """Adds up the wall and client CPU time spent inside wrapped calls (here: every Redis call of the replay)."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0.0
+
+    def wrap(self, call: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            wall, cpu = time.perf_counter(), time.process_time()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                self.wall += time.perf_counter() - wall
+                self.cpu += time.process_time() - cpu
+        return timed
+
+
+class GcClock:
+    """The time the cyclic garbage collector paused the process inside the ``with`` block (``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._start = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._start
+
+    def __enter__(self) -> GcClock:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+
+def clock_redis_calls(binding: RedisBinding) -> CallClock:
+    """Time the replay's Redis calls on ``binding``: ``publish_remembering`` (one MULTI/EXEC per batch) and the
+    ledger stores' ``seen_many`` (SMISMEMBER). Instance attributes only; the package code is untouched."""
+    clock, seen_store = CallClock(), binding.seen_store
+
+    def timed_store(name: str) -> Any:
+        store = seen_store(name)
+        store.seen_many = clock.wrap(store.seen_many)  # type: ignore[method-assign]
+        return store
+
+    binding.publish_remembering = clock.wrap(binding.publish_remembering)  # type: ignore[method-assign]
+    binding.seen_store = timed_store  # type: ignore[method-assign]
+    return clock
+
+
+def raw_replay(client: redis.Redis, replay_set: Path, key: str, ids_key: str, batch: int = 500) -> int:
+    """The raw replay baseline: each drain record's body reset with bare orjson (the cheapest correct reset:
+    ``dead_letter`` dropped, ``attempts`` 0, the other keys in place) and one pipelined RPUSH + SADD of the
+    ``meta.id`` values per ``batch``; no ledger lookup, no checks. Returns the number of messages pushed."""
+    loads, dumps = orjson.loads, orjson.dumps
+    pipe = client.pipeline(transaction=False)
+    bodies: list[bytes] = []
+    ids: list[str] = []
+    pushed = 0
+    with open(replay_set, "rb") as lines:
+        for record in lines:
+            envelope = loads(loads(record)["body"])
+            envelope.pop("dead_letter", None)
+            envelope["attempts"] = 0
+            bodies.append(dumps(envelope))
+            ids.append(envelope["meta"]["id"])
+            if len(bodies) == batch:
+                pipe.rpush(key, *bodies)
+                pipe.sadd(ids_key, *ids)
+                pipe.execute()
+                pushed += len(bodies)
+                bodies, ids = [], []
+    if bodies:
+        pipe.rpush(key, *bodies)
+        pipe.sadd(ids_key, *ids)
+        pipe.execute()
+        pushed += len(bodies)
+    return pushed
+
+
+def replay_cpu_split(replay_set: Path) -> tuple[float, float]:
+    """Client CPU seconds of the replay's two per-record stages, each re-run alone over ``replay_set``: the feed
+    (read + parse each line, as ``feed_from_replay_set`` does) and the envelope work (decode the body, reset it,
+    check it, re-encode it: ``core/envelope.py``)."""
+    path = str(replay_set)
+    start = time.process_time()
+    for _ in iter_replay_set(path):
+        pass
+    feed = time.process_time() - start
+    start = time.process_time()
+    for item in iter_replay_set(path):
+        if not isinstance(item, str):
+            reset = bq.reset_for_replay(open_body(item.body)[0])
+            bq.check(reset)
+            bq.encode(reset)
+    return feed, time.process_time() - start - feed
+
+
 def line(label: str, n: int, seconds: float, base: float | None = None) -> None:
     ratio = f"{base / seconds:6.2f}x of raw" if base else ""
     print(f"{label:<46} {n:>8,} msgs {seconds:8.2f} s {n / seconds:>12,.0f} msg/s  {ratio}", flush=True)
@@ -125,7 +255,9 @@ def line(label: str, n: int, seconds: float, base: float | None = None) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=100_000, help="dead letters to seed and drain")
-    parser.add_argument("--replay-n", type=int, default=100_000, help="records of the replay set to replay")
+    parser.add_argument("--replay-n", type=int, default=100_000,
+                        help="records of the replay set to replay: the drained file, cut to this or topped up to it "
+                             "with the records of more dead letters")
     args = parser.parse_args()
     n = args.n
     client = redis.Redis(host="127.0.0.1", port=6379)
@@ -193,18 +325,35 @@ def main() -> None:
 
         # Replay: the drained file into Redis, ledger on.
         replay_set = work / "move.jsonl"
-        if args.replay_n < n:
+        if args.replay_n != n:  # the drained file cut to --replay-n, or topped up with records of fresh dead letters
             replay_set = work / "replay-set.jsonl"
             with open(work / "move.jsonl", "rb") as src:
-                replay_set.write_bytes(b"".join(next(src) for _ in range(args.replay_n)))
+                replay_set.write_bytes(b"".join(islice(src, args.replay_n)))
+            if args.replay_n > n:
+                more = ListBinding(dead_bodies(args.replay_n - n, queue_name))
+                drain_dead_letters([DrainSource(more, queue_name, "bench")], LocalFileSink(work / "more.jsonl"),
+                                   log=QUIET)
+                with open(replay_set, "ab") as out:
+                    out.write((work / "more.jsonl").read_bytes())
+                del more
+        # Raw replay baseline: bare orjson reset, pipelined RPUSH + SADD per 500, no ledger.
+        with Cost(client) as raw_replay_cost:
+            raw_replayed = raw_replay(client, replay_set, f"{prefix}raw-replay", f"{prefix}raw-replay:ids")
+
         binding.seen_store("bench-ledger")  # loads the stores module (and SQLAlchemy) outside the timing
+        redis_calls = clock_redis_calls(binding)
         replayer = Replayer(target=binding, ledger_binding=binding, ledger_name="bench-ledger", log=QUIET)
-        start = time.perf_counter()
-        feed_from_replay_set(replayer, str(replay_set))
-        replayer.finish()
-        replay_s = time.perf_counter() - start
+        with Cost(client) as replay_cost, GcClock() as replay_gc:
+            feed_from_replay_set(replayer, str(replay_set))
+            replayer.finish()
+        replay_s = replay_cost.wall
         replayed = replayer.result.replayed
-        assert replayed == min(args.replay_n, n) and client.llen(f"{prefix}{queue_name}") == replayed
+        assert replayed == args.replay_n and client.llen(f"{prefix}{queue_name}") == replayed
+        assert raw_replayed == replayed
+        # the baseline does the same work: byte-identical bodies in the same order
+        assert client.lrange(f"{prefix}raw-replay", 0, 99) == client.lrange(f"{prefix}{queue_name}", 0, 99)
+        client.delete(f"{prefix}raw-replay", f"{prefix}raw-replay:ids")
+        feed_cpu, envelope_cpu = replay_cpu_split(replay_set)
 
         print(f"Redis DLQ of {n:,} dead letters ({sum(map(len, bodies)) / n:.0f} B each) -> local JSONL")
         line("raw LRANGE + write + fsync + DEL", n, raw_lrange)
@@ -215,7 +364,26 @@ def main() -> None:
         print(f"{'':<46} move CPU per message: drain process {move_cpu / n * 1e6:.2f} us, redis-server "
               f"{move_server / n * 1e6:.2f} us (load {os.getloadavg()[0]:.1f})")
         line("drain loop alone (zero-cost binding)", n, loop_s)
-        line("replay JSONL -> Redis, Redis ledger on", replayed, replay_s)
+        line("raw replay (orjson reset, RPUSH+SADD pipe/500)", replayed, raw_replay_cost.wall)
+        line("replay JSONL -> Redis, Redis ledger on", replayed, replay_s, raw_replay_cost.wall)
+
+        def us(seconds: float) -> str:
+            return f"{seconds / replayed * 1e6:.2f} us"
+
+        ours, raw = replay_cost, raw_replay_cost
+        print(f"{'':<46} replay per message: ours wall {us(ours.wall)} ~ client CPU {us(ours.cpu)} + redis-server "
+              f"{us(ours.server)}; raw wall {us(raw.wall)} ~ client {us(raw.cpu)} + redis-server {us(raw.server)} "
+              f"(load {os.getloadavg()[0]:.1f})")
+        rest = ours.cpu - feed_cpu - envelope_cpu - redis_calls.cpu - replay_gc.seconds
+        bound = "client CPU" if ours.cpu >= ours.server else "redis-server CPU"
+        times = ours.cpu / max(ours.server, 1e-9)
+        print(f"{'':<46} replay bound: {bound}, {times:.1f}x the server's; ours client CPU: feed "
+              f"read+parse {us(feed_cpu)}, decode+reset+check+re-encode {us(envelope_cpu)}, redis-py "
+              f"{us(redis_calls.cpu)}, GC {us(replay_gc.seconds)}, engine rest {us(rest)} (per-record checks, "
+              f"digest, ledger sets, batching)")
+        print(f"{'':<46} replay round trips are serial: wall inside Redis calls {us(redis_calls.wall)} vs "
+              f"redis-py {us(redis_calls.cpu)} + redis-server {us(ours.server)} (the client waits while the server "
+              f"works)")
     finally:
         keys = list(client.scan_iter(match=f"{prefix}*"))
         if keys:

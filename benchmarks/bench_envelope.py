@@ -6,6 +6,14 @@ Two workloads over the same N payloads (default 100k):
 
 Each side runs ``--rounds`` times; the best round counts (least disturbed by the machine).
 
+In the same run, per profile, each workload is also set against its floor, the least any codec must do:
+  * decode+check floor: bare ``orjson.loads`` of the very same encoded bodies, nothing else;
+  * make+encode floor: a dict of our envelope's shape (``job, trace_id, data, meta{id, queue, lang,
+    schema_version, created_at}, attempts``) built with two ``str(uuid.uuid4())`` and an integer ms timestamp
+    around the same payload, then ``orjson.dumps``.
+Goal: ours ≤ 1.5× the floor's time (ours ÷ floor); the SDK's ratio is reported beside it as a speed ratio
+(SDK time ÷ ours, >1 when ours is faster), as in the first table. A summary table of those rows ends the output.
+
 Then the cost of the integer-range check (``core.integers``: every integer within signed 64-bit) inside
 ``decode``, per profile: decode+check with the check (``envelope.decode`` as shipped) against the same
 decode+check without it (``orjson.loads`` and the object test, what ``decode`` did before the check), in the
@@ -22,6 +30,7 @@ import gc
 import platform
 import random
 import time
+import uuid
 from collections.abc import Callable
 
 import orjson
@@ -29,6 +38,9 @@ from babelqueue import EnvelopeCodec
 
 from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.core.errors import EnvelopeDecodeError
+
+#: The issue's goal for both workloads: ours at most this many times the floor's time.
+FLOOR_GOAL = 1.5
 
 
 def small_payloads(n: int, seed: int = 7) -> list[dict]:
@@ -112,18 +124,47 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
     print(f"{'profile':<8} {'workload':<14} {'ours msg/s':>14} {'sdk msg/s':>14} {'ratio':>8}")
     results = {}
+    floors: list[tuple[str, str, float, float, float]] = []
     profiles = ("small", "rich") if args.profile == "both" else (args.profile,)
     for profile in profiles:
         data = (small_payloads if profile == "small" else rich_payloads)(args.n)
-        for name, ratio in run_profile(data, args.rounds).items():
+        for name, ratio in run_profile(data, args.rounds, floors).items():
             results[f"{profile}/{name}"] = ratio
+    print()
+    print(
+        f"against the floor (same run, best of {args.rounds}): goal ours/floor <= {FLOOR_GOAL}; "
+        "sdk/ours = SDK time / ours (>1: ours faster)"
+    )
+    for profile, name, us_ours, us_floor, us_sdk in floors:
+        ratio = us_ours / us_floor
+        results[f"{profile}/{name}/floor"] = ratio
+        print(
+            f"{profile:<8} {name:<14} ours {us_ours:7.3f} us/msg  floor {us_floor:7.3f} us/msg  "
+            f"ours/floor {ratio:5.2f}x ({_met(ratio)})  sdk {us_sdk:7.3f} us/msg  sdk/ours {us_sdk / us_ours:5.2f}x"
+        )
     print()
     print("integer-range check inside decode: decode+check with the check vs without it (same run)")
     print(f"{'profile':<8} {'without msg/s':>14} {'with msg/s':>14} {'time ratio':>11}")
     for profile in (*profiles, "digits"):
         maker = {"small": small_payloads, "rich": rich_payloads, "digits": digits_payloads}[profile]
         results[f"{profile}/range-check"] = run_range_check(profile, maker(args.n), args.rounds)
+    print()
+    print("summary: ours vs floor (goal) and vs the SDK (speed ratio, >1: ours faster)")
+    print(
+        f"{'measurement':<14} {'profile':<8} {'ours us':>8} {'floor us':>9} {'ratio':>7} {'goal':>6} "
+        f"{'met':<8} {'SDK ratio':>9}"
+    )
+    for profile, name, us_ours, us_floor, us_sdk in floors:
+        ratio = us_ours / us_floor
+        print(
+            f"{name:<14} {profile:<8} {us_ours:>8.3f} {us_floor:>9.3f} {ratio:>6.2f}x {'<=' + str(FLOOR_GOAL):>6} "
+            f"{_met(ratio):<8} {us_sdk / us_ours:>8.2f}x"
+        )
     return results
+
+
+def _met(ratio: float) -> str:
+    return "met" if ratio <= FLOOR_GOAL else "NOT met"
 
 
 def run_range_check(profile: str, data: list[dict], rounds: int) -> float:
@@ -150,7 +191,11 @@ def run_range_check(profile: str, data: list[dict], rounds: int) -> float:
     return ratio
 
 
-def run_profile(data: list[dict], rounds: int) -> dict[str, float]:
+def run_profile(
+    data: list[dict], rounds: int, floors: list[tuple[str, str, float, float, float]] | None = None
+) -> dict[str, float]:
+    """Print and return the SDK speed ratio (SDK time / ours) per workload; when ``floors`` is given, also time
+    each workload's floor in the same run and append ``(profile, workload, ours, floor, sdk)`` in us/msg."""
     n = len(data)
     urn, queue = "urn:babel:orders:created", "orders"
     profile = "small" if len(data[0]) == 2 else "rich"
@@ -163,6 +208,27 @@ def run_profile(data: list[dict], rounds: int) -> dict[str, float]:
         make, encode = EnvelopeCodec.make, EnvelopeCodec.encode
         return [encode(make(urn, d, queue=queue)).encode() for d in data]
 
+    def floor_make_encode() -> list[bytes]:
+        dumps, uuid4, time_ns = orjson.dumps, uuid.uuid4, time.time_ns
+        return [
+            dumps(
+                {
+                    "job": urn,
+                    "trace_id": str(uuid4()),
+                    "data": d,
+                    "meta": {
+                        "id": str(uuid4()),
+                        "queue": queue,
+                        "lang": "python",
+                        "schema_version": 1,
+                        "created_at": time_ns() // 1_000_000,
+                    },
+                    "attempts": 0,
+                }
+            )
+            for d in data
+        ]
+
     bodies = ours_make_encode()
 
     def ours_decode_check() -> int:
@@ -173,17 +239,32 @@ def run_profile(data: list[dict], rounds: int) -> dict[str, float]:
         decode, accepts = EnvelopeCodec.decode, EnvelopeCodec.accepts
         return sum(accepts(decode(b)) for b in bodies)
 
-    assert ours_decode_check() == sdk_decode_check() == n, "both codecs must accept every body"
+    def floor_decode_check() -> int:
+        loads = orjson.loads
+        return sum(loads(b) is not None for b in bodies)
+
+    assert ours_decode_check() == sdk_decode_check() == floor_decode_check() == n, "all must read every body"
+    _assert_same_shape(bodies[0], floor_make_encode()[0])
     results = {}
-    for name, ours, sdk in (
-        ("make+encode", ours_make_encode, sdk_make_encode),
-        ("decode+check", ours_decode_check, sdk_decode_check),
+    for name, ours, sdk, floor in (
+        ("make+encode", ours_make_encode, sdk_make_encode, floor_make_encode),
+        ("decode+check", ours_decode_check, sdk_decode_check, floor_decode_check),
     ):
         t_ours, t_sdk = best_of(rounds, ours), best_of(rounds, sdk)
         ratio = t_sdk / t_ours
         results[name] = ratio
         print(f"{profile:<8} {name:<14} {n / t_ours:>14,.0f} {n / t_sdk:>14,.0f} {ratio:>7.2f}x")
+        if floors is not None:
+            t_floor = best_of(rounds, floor)
+            floors.append((profile, name, t_ours / n * 1e6, t_floor / n * 1e6, t_sdk / n * 1e6))
     return results
+
+
+def _assert_same_shape(ours: bytes, floor: bytes) -> None:
+    """The make+encode floor writes the same keys, in the same order, and the same payload as ours."""
+    a, b = orjson.loads(ours), orjson.loads(floor)
+    assert list(a) == list(b) and list(a["meta"]) == list(b["meta"]), (list(a), list(b))
+    assert a["data"] == b["data"] and a["job"] == b["job"] and a["meta"]["queue"] == b["meta"]["queue"]
 
 
 if __name__ == "__main__":
