@@ -120,6 +120,7 @@ LONG_MODULES = (
     "tests/install/test_pip_install.py",
     "tests/spark/test_standalone_cluster.py",
     "tests/reliability/test_crashes.py",
+    "tests/bindings/test_batched_consume.py",
     "tests/sensors/test_e2e_asset_watcher.py",
     "tests/dags/test_trigger_form.py",
     "tests/plugins/test_e2e_api_server.py",

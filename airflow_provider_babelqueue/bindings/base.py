@@ -220,6 +220,15 @@ def bumped_body(message: ReceivedMessage) -> bytes:
         return message.body
 
 
+def _with_attempts(env: dict[str, Any], attempts: int) -> dict[str, Any]:
+    """``env`` with its top-level ``attempts`` set to the dead letter's (the block's), the spec's "3 and 3"; a value
+    that is not a non-negative integer is kept as it is: the evidence of an ``invalid_attempts`` quarantine."""
+    current = env.get("attempts")
+    if current.__class__ is int and current >= 0:
+        env["attempts"] = attempts
+    return env
+
+
 def annotated_body(
     message: ReceivedMessage, reason: str, *, error: str | None = None, exception: str | None = None
 ) -> bytes | None:
@@ -236,10 +245,7 @@ def annotated_body(
     if message.envelope is None:
         return None
     try:
-        env = open_body(message.body)[0]
-        current = env.get("attempts")
-        if current.__class__ is int and current >= 0:
-            env["attempts"] = message.attempts
+        env = _with_attempts(open_body(message.body)[0], message.attempts)
         annotated = bq.annotate_dead_letter(
             env,
             reason,
@@ -311,7 +317,7 @@ def dead_letter_view(
     attempts = min(max(attempts, 0), INT64_MAX)
     if envelope is not None and reason != bq.Reason.POISON:  # poison that decodes: refused by a limit, kept exact
         try:
-            env = open_body(body)[0]
+            env = _with_attempts(open_body(body)[0], attempts)
             return bq.encode(bq.annotate_dead_letter(env, reason, original_queue=original_queue, attempts=attempts,
                                                      error=error, exception=exception, failed_at=failed_at))
         except (EnvelopeDecodeError, EnvelopeEncodeError, InvalidEnvelopeError):
@@ -426,10 +432,11 @@ class Binding(abc.ABC):
         """Take up to ``limit`` ready messages in order, the broker's batch where it has one (a consumer's batch).
 
         Waits up to ``timeout`` seconds for the first message only, with the broker's blocking primitive where it
-        has one, then takes whatever else is ready without waiting; an empty list means nothing came within the
-        timeout. Each message is its own reservation, settled one by one or with :meth:`ack_many`: a crash before
-        the settle returns every unsettled one, as for :meth:`reserve`. A binding may keep deliveries it fetched
-        ahead (a prefetch window) until :meth:`end_reservations`.
+        has one, then takes whatever else is ready without waiting (where the broker pushes deliveries, RabbitMQ,
+        what has arrived: a batch may be shorter than what the queue holds); an empty list means nothing came
+        within the timeout. Each message is its own reservation, settled one by one or with :meth:`ack_many`: a
+        crash before the settle returns every unsettled one, as for :meth:`reserve`. A binding may keep deliveries
+        it fetched ahead (a prefetch window) until :meth:`end_reservations`.
 
         The default loops over :meth:`reserve`; bindings override it with one round trip.
         """

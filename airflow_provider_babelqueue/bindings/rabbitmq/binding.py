@@ -694,7 +694,10 @@ class RabbitMQBinding(Binding):
             with self._guard("hand back prefetched messages of", queue_name):
                 for method, _props, _body in feed.take(len(feed.waiting)):
                     channel.basic_reject(method.delivery_tag, requeue=True)
-                channel.basic_cancel(feed.tag)  # pika requeues what arrived meanwhile
+                channel.basic_cancel(feed.tag)  # pika rejects (requeues) what arrives meanwhile
+                # a reject has no reply: one synchronous call on the channel returns once the broker has taken
+                # every reject sent before it, so the queue holds them again when this returns
+                channel.basic_qos(prefetch_count=0)
 
     def reserve(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
         return self._take(queue_name, [queue_name], timeout, dead=False)
