@@ -294,6 +294,49 @@ class SqliteBroker(Broker):
     def server(self) -> str:
         return f"SQLite {sqlite3.sqlite_version} (WAL file in {self.tmp.name})"
 
+    def statements(self, data: Sequence[bytes]) -> Timing:
+        """Our binding's own statements (its compiled reserve, the gated delete of the previous batch, one commit
+        per batch) run on the bare driver with ``orjson.loads`` per body: what the consumer's SQL costs without
+        its per-message Python, to tell the two apart."""
+        options, queue = self.fresh()
+        binding = SqlBinding(SqlConfig(**options))
+        binding.decode_limit = 16 * 1024 * 1024  # as a consumer sets it: the reserve reads sizes, as ours does
+        binding.publish_batch(list(data), queue)
+        with binding._get_engine().connect() as sa_conn:
+            sql, names, fixed = binding._reserve_statement(sa_conn, binding._ready, False)
+        table = options["table"]
+        conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
+        consumed = 0
+
+        def consume() -> None:
+            nonlocal consumed
+            previous: tuple[float, list[int]] | None = None
+            while True:
+                now = time.time()
+                values = {**fixed, "bq_queue": queue, "bq_cutoff": now - 300, "bq_now": now, "bq_token": now,
+                          "bq_limit": BATCH}
+                conn.execute("BEGIN IMMEDIATE")
+                if previous is not None:
+                    token, ids = previous
+                    conn.execute(f"DELETE FROM {table} WHERE reserved_at = ? AND id IN ({','.join('?' * len(ids))})",
+                                 (token, *ids))
+                rows = conn.execute(sql, tuple(values[name] for name in names or ())).fetchall()
+                conn.execute("COMMIT")
+                if not rows:
+                    return
+                for row in rows:
+                    orjson.loads(row[0])
+                previous = (now, [row[-1] for row in rows])
+                consumed += len(rows)
+
+        try:
+            timing = timed(consume)
+            assert consumed == len(data), (consumed, len(data))
+            return timing
+        finally:
+            conn.close()
+            binding.close()
+
     def raw(self, data: Sequence[bytes], variant: str = "") -> Timing:
         t, queue = f"bqc_{uuid.uuid4().hex[:10]}", "orders"
         conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
@@ -551,6 +594,10 @@ def bench_broker(kind: str, data: Sequence[bytes], ks: Sequence[int], report: Re
             raws.append(broker.raw(data, variant))
             detail(f"raw baseline{f', {variant}' if variant else ''}", n, raws[-1])
         raw = min(raws, key=lambda timing: timing.wall)
+        if isinstance(broker, SqliteBroker):
+            alone = broker.statements(data)
+            detail("our statements, bare driver", n, alone, f"  x{alone.rate(n) / raw.rate(n):.2f} of raw")
+            report.rows.append(Row("our SQL alone (bare driver)", kind, alone.rate(n), raw.rate(n)))
         for label, failing in (("no-op", False), ("1% failing", True)):
             timing = ours(broker, data, failing)
             detail(f"ours, {label} handler", n, timing, f"  ours/raw {timing.rate(n) / raw.rate(n):.2f}")
