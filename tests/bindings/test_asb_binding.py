@@ -464,3 +464,35 @@ def test_a_body_over_the_link_limit_is_refused_before_sending(make: Factory, q: 
     with pytest.raises(BindingError, match="larger than the queue accepts"):
         binding.publish(huge, q)
     assert binding.depth(q) == 0
+
+
+# ---------------------------------------------------------------------------------------- batched consumption
+
+
+def test_a_consumer_batch_is_one_receive_and_each_message_is_completed(make: Factory, q: str, double: AsbDouble,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch of 12 is one PeekLock receive asking for 12; its settlement completes each message on the same
+    receiver (the SDK settles one lock token per call), and the queue ends empty."""
+    from airflow_provider_babelqueue.engine.consume import Consumer
+
+    binding = make()
+    binding.publish_batch([envelope_for(q, n) for n in range(12)], q)
+    _, receiver, _ = binding._receiver(q, "queue")
+    asked: list[int] = []
+    completed: list[Any] = []
+    receive, complete = receiver.receive_messages, receiver.complete_message
+
+    def counting_receive(**options: Any) -> Any:
+        got = receive(**options)
+        asked.append(options["max_message_count"])
+        return got
+
+    monkeypatch.setattr(receiver, "receive_messages", counting_receive)
+    monkeypatch.setattr(receiver, "complete_message", lambda message: completed.append(complete(message)))
+    seen: list[int] = []
+    summary = Consumer(binding, q, {"urn:babel:orders:created": lambda env: seen.append(env["data"]["n"])},
+                       batch_size=12).run(reserve_timeout=1)
+    assert summary.handled == 12 and sorted(seen) == list(range(12))
+    assert asked[0] == 12
+    assert len(completed) == 12
+    assert (double.counts(q) or {}).get("ActiveMessageCount") == 0

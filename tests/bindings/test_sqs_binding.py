@@ -621,3 +621,26 @@ def test_hook_bad_fields_name_the_field(monkeypatch: pytest.MonkeyPatch, spec: d
     hook = BabelQueueSqsHook(define(monkeypatch, "bq_sqs_bad", {"conn_type": "babelqueue+sqs", **spec}))
     with pytest.raises(ConnectionConfigError, match=message):
         hook.get_binding()
+
+
+# ---------------------------------------------------------------------------------------- batched consumption
+
+
+def test_a_consumer_batch_is_received_ten_at_a_time_and_deleted_ten_at_a_time(make: Factory, q: str,
+                                                                             recorder: Recorder) -> None:
+    """A batch of 25 is three ReceiveMessage calls asking for 10, 10 and 5, and its settlement three
+    DeleteMessageBatch calls of 10, 10 and 5 entries: never one call per message."""
+    from airflow_provider_babelqueue.engine.consume import Consumer
+
+    binding = make(client=recorder.client)
+    binding.publish_batch([body_for(q, n) for n in range(25)], q)
+    recorder.calls.clear()
+    seen: list[int] = []
+    summary = Consumer(binding, q, {"urn:babel:orders:created": lambda env: seen.append(env["data"]["n"])},
+                       batch_size=25).run(reserve_timeout=0)
+    assert summary.handled == 25 and sorted(seen) == list(range(25))
+    asked = [params["MaxNumberOfMessages"] for params in recorder.of("ReceiveMessage")]
+    assert asked[:3] == [10, 10, 5], asked
+    assert [len(params["Entries"]) for params in recorder.of("DeleteMessageBatch")] == [10, 10, 5]
+    assert recorder.of("DeleteMessage") == []
+    assert binding.depth(q) == 0
