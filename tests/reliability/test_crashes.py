@@ -14,10 +14,10 @@ or after a batch reserve, a file sync, a publish, a ledger write or an ack, or a
 * consume: a fresh queue of messages, a batched ``Consumer`` (``settle_and_reserve``: the previous batch's acks
   and the next batch, then each handler) whose handler appends each ``meta.id`` to a file, fsynced before it
   returns. The child dies before or after a ``settle_and_reserve``, before or after a ``settle``, inside a handler
-  (its record written, before it returns) or after a random delay; after the visibility timeout a second consumer runs the queue to
-  its end. Every ``meta.id`` must be in the files (0 lost), the extra copies of one kill at most one batch (the
-  handled-but-unacked messages that come back), and the queue empty with nothing left reserved. On SQLite,
-  PostgreSQL, Redis and RabbitMQ.
+  (its record written, before it returns) or after a random delay; after the visibility timeout a second
+  consumer runs the queue to its end. Every ``meta.id`` must be in the files (0 lost), the extra copies of one
+  kill at most one batch (the handled-but-unacked messages that come back), and the queue empty with nothing
+  left reserved. On SQLite, PostgreSQL, Redis and RabbitMQ.
 
 The drain and the replay are killed 20 times per broker. The consume test runs until ``BQ_CRASH_KILLS`` children
 (4 by default, as in CI) died inside the work; ``BQ_CRASH_KILLS=20`` is the full size. The iterations are
