@@ -295,9 +295,9 @@ class SqliteBroker(Broker):
         return f"SQLite {sqlite3.sqlite_version} (WAL file in {self.tmp.name})"
 
     def statements(self, data: Sequence[bytes]) -> Timing:
-        """Our binding's own statements (its compiled reserve, the gated delete of the previous batch, one commit
-        per batch) run on the bare driver with ``orjson.loads`` per body: what the consumer's SQL costs without
-        its per-message Python, to tell the two apart."""
+        """Our binding's own statements (its compiled reserve select and the stamp by id, the gated delete of the
+        previous batch, one commit per batch) run on the bare driver with ``orjson.loads`` per body: what the
+        consumer's SQL costs without its per-message Python, to tell the two apart."""
         options, queue = self.fresh()
         binding = SqlBinding(SqlConfig(**options))
         binding.decode_limit = 16 * 1024 * 1024  # as a consumer sets it: the reserve reads sizes, as ours does
@@ -321,6 +321,9 @@ class SqliteBroker(Broker):
                     conn.execute(f"DELETE FROM {table} WHERE reserved_at = ? AND id IN ({','.join('?' * len(ids))})",
                                  (token, *ids))
                 rows = conn.execute(sql, tuple(values[name] for name in names or ())).fetchall()
+                if rows:  # the binding selects, then stamps by id (SqlBinding._select_first)
+                    conn.execute(f"UPDATE {table} SET reserved_at = ? WHERE id IN ({','.join('?' * len(rows))})",
+                                 (now, *(row[-1] for row in rows)))
                 conn.execute("COMMIT")
                 if not rows:
                     return
