@@ -42,7 +42,6 @@ from ...core.integers import INT64_MAX
 from ..base import (
     Binding,
     BindingError,
-    MissingExtraError,
     PublishBatchError,
     ReceivedMessage,
     annotated_body,
@@ -51,6 +50,7 @@ from ..base import (
     dead_letter_view,
     parse_body,
 )
+from .engine import create_engine, mark_returned, ping_if_idle, sqlite_wal
 
 __all__ = ["SqlBinding", "SqlConfig", "column_text", "sqlite_url"]
 
@@ -76,59 +76,6 @@ _ORDERED_SCAN = "SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off"
 _BY_AVAILABLE_AT, _BY_ID = itemgetter(-2, -1), itemgetter(-1)
 #: The headers of every message of the table: the layout has no column for them (shared, read-only).
 _NO_HEADERS: Mapping[str, Any] = MappingProxyType({})
-
-#: A pooled connection returned this recently is handed out again without a ping (see :func:`_ping_if_idle`).
-_FRESH_SECONDS = 1.0
-
-
-def _mark_returned(_dbapi_connection: Any, record: Any) -> None:
-    """Pool ``checkin``: when the connection came back (it had just worked, or the pool would have dropped it)."""
-    if record is not None:
-        record.info["babelqueue_returned"] = time.monotonic()
-
-
-def _ping_if_idle(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
-    """Pool ``checkout``: ping a connection that sat in the pool over :data:`_FRESH_SECONDS`, and have the pool
-    replace it (``DisconnectionError``: a new connection is made and checked out instead) when the ping fails. A
-    database restart or an idle timeout on the way then costs no failed operation, while a consumer that takes the
-    connection back at once for its next batch pays no round trip for it (SQLAlchemy's ``pool_pre_ping`` pings at
-    every checkout: a quarter of a batch's round trips)."""
-    returned = record.info.get("babelqueue_returned")
-    if returned is not None and time.monotonic() - returned < _FRESH_SECONDS:
-        return
-    try:
-        cursor = dbapi_connection.cursor()
-        try:
-            cursor.execute("SELECT 1")
-        finally:
-            cursor.close()
-    except Exception as exc:  # noqa: BLE001 - any failure means: not usable, get another
-        raise sa.exc.DisconnectionError(f"the pooled connection failed its ping: {exc}") from exc
-
-
-def _create_engine(url: sa.URL, options: dict[str, Any]) -> Engine:
-    """``sa.create_engine``, where a missing driver module names what installs it.
-
-    SQLAlchemy imports the URL's driver (DBAPI) module here; without it the error would be a bare
-    ``ModuleNotFoundError: No module named 'psycopg2'``. PostgreSQL's default driver comes with the ``postgres``
-    extra; another driver named in a ``sqlalchemy_url`` is the user's to install, so its module is named.
-
-    :raises MissingExtraError: the driver module is not installed (also an ``ImportError``).
-    """
-    try:
-        return sa.create_engine(url, **options)
-    except ImportError as exc:
-        dialect = f"{url.get_backend_name()}+{url.get_driver_name()}"
-        module = exc.name or url.get_driver_name()
-        if dialect == "postgresql+psycopg2":
-            hint = "install it with: pip install 'airflow-provider-babelqueue[postgres]'"
-        elif url.get_backend_name() == "postgresql":
-            hint = ("install the package that provides it, or write the URL as postgresql+psycopg2://... and "
-                    "install that driver with: pip install 'airflow-provider-babelqueue[postgres]'")
-        else:
-            hint = f"install the package that provides it, or use another driver in the URL ({dialect!r} now)"
-        raise MissingExtraError(f"{module} is not installed, and the SQL binding needs it for {dialect} URLs; "
-                                f"{hint}") from exc
 
 
 def column_text(text: str | None) -> str | None:
@@ -284,16 +231,6 @@ def create_tables_racing(metadata: sa.MetaData, engine: Engine, attempts: int = 
             time.sleep(0.01 * (attempt + 1))
 
 
-def _sqlite_wal(dbapi_connection: Any, _record: Any) -> None:
-    """Write-ahead logging for a SQLite file: one sync per commit instead of the rollback journal's
-    several, and readers (depth, browse) no longer wait for a consumer's write lock. ``synchronous``
-    stays FULL, so a committed publish or ack survives a power cut. The mode is stored in the file."""
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=FULL")
-    cursor.close()
-
-
 class SqlBinding(Binding):
     """A queue in two SQL tables; safe for many consumers across threads, processes and hosts.
 
@@ -337,12 +274,12 @@ class SqlBinding(Binding):
                     options = {"connect_args": {"timeout": 30.0}}
                     if url.database in (None, "", ":memory:"):
                         options = {"poolclass": sa.pool.StaticPool, "connect_args": {"check_same_thread": False}}
-                self._engine = _create_engine(url, options)
+                self._engine = create_engine(url, options)
                 if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
-                    sa.event.listen(self._engine, "connect", _sqlite_wal)
+                    sa.event.listen(self._engine, "connect", sqlite_wal)
                 elif url.get_backend_name() != "sqlite":
-                    sa.event.listen(self._engine, "checkin", _mark_returned)
-                    sa.event.listen(self._engine, "checkout", _ping_if_idle)
+                    sa.event.listen(self._engine, "checkin", mark_returned)
+                    sa.event.listen(self._engine, "checkout", ping_if_idle)
             engine = self._engine
             if engine.dialect.name == "sqlite" and engine.url.database in (None, "", ":memory:"):
                 self._serial = self._serial or threading.Lock()
