@@ -592,6 +592,12 @@ class RedisBinding(Binding):
     def reserve(self, queue_name: str, timeout: float = 0) -> ReceivedMessage | None:
         return self._take(queue_name, self._key(queue_name), timeout, dead=False)
 
+    def _reserved(self, raws: list[bytes], queue_name: str, stem: str, processing: str) -> list[ReceivedMessage]:
+        """The messages of a ``RESERVE_MANY`` reply on a ready list: reservation ``i`` (from 1) holds the token
+        ``<stem><i as 8 hex>``, as the script registered it."""
+        return [self._parsed(raw, queue_name, False, _Receipt(f"{stem}{index:08x}", raw, processing))
+                for index, raw in enumerate(raws, 1)]
+
     def reserve_many(self, queue_name: str, limit: int, timeout: float = 0) -> list[ReceivedMessage]:
         """Up to ``limit`` messages with one script per 2000 (maintenance, then what LMOVE + a deadline member each
         does for :meth:`reserve`: the same crash recovery). A value over 1 MiB is reserved on its own by the single
@@ -614,8 +620,7 @@ class RedisBinding(Binding):
                 out.append(message)
                 continue
             raws = as_bytes(reply)
-            out += [self._parsed(raw, queue_name, False, _Receipt(f"{stem}{index:08x}", raw, keys[1]))
-                    for index, raw in enumerate(raws, 1)]
+            out += self._reserved(raws, queue_name, stem, keys[1])
             if len(raws) < want:  # nothing more ready now (or the batch stopped before a large value)
                 break
         if out or timeout <= 0:
@@ -733,8 +738,7 @@ class RedisBinding(Binding):
         if isinstance(reply, int):  # the head is a large value: the single path reserves it
             return self.reserve_many(queue_name, limit, timeout)
         raws = as_bytes(reply)
-        out = [self._parsed(raw, queue_name, False, _Receipt(f"{stem}{index:08x}", raw, keys[1]))
-               for index, raw in enumerate(raws, 1)]
+        out = self._reserved(raws, queue_name, stem, keys[1])
         if not out:
             return self.reserve_many(queue_name, limit, timeout)
         if len(raws) == want and want < limit:
