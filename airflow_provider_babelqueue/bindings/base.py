@@ -525,6 +525,21 @@ class Binding(abc.ABC):
         for message in messages:
             self.release(message, delay)
 
+    def hand_back(self, messages: Sequence[ReceivedMessage], delay: float = 0) -> None:
+        """Return reserved messages that were not for this reader (a filter did not take them), unhandled.
+
+        Unlike :meth:`release` this is not a failed attempt: the stored bytes stay exactly as they were and the
+        binding's own ``attempts`` count does not move, so a message handed back a hundred times still has its
+        whole retry budget for the consumer it is meant for. Brokers that count deliveries themselves (SQS's
+        receive count and redrive policy, Service Bus's and Pulsar's delivery limits, a RabbitMQ quorum queue's
+        ``x-delivery-count``) still count where the hand-back is a redelivery: docs/events.md says which. After
+        ``delay`` seconds the message is ready again; a delay keeps one filtered reader from taking the same
+        message over and over. Gated like :meth:`release`: a reservation that expired meanwhile is left alone.
+
+        The default releases (which counts an attempt); every shipped binding overrides it.
+        """
+        self.release_many(messages, delay)
+
     def browse_dead_letters(self, queue_name: str, limit: int = 100) -> list[ReceivedMessage]:
         """Read up to ``limit`` DLQ messages without removing them."""
         raise NotSupportedError(f"the {self.name} binding cannot browse a dead-letter queue without removing")

@@ -182,6 +182,13 @@ class MemoryBinding(Binding):
             self._settle(message)
 
     def release(self, message: ReceivedMessage, delay: float = 0) -> None:
+        self._put_back(message, delay, counted=True)
+
+    def hand_back(self, messages: Sequence[ReceivedMessage], delay: float = 0) -> None:
+        for message in messages:
+            self._put_back(message, delay, counted=False)
+
+    def _put_back(self, message: ReceivedMessage, delay: float, counted: bool) -> None:
         with self._cond:
             entry = self._reserved.pop(message.receipt, None)
             if entry is None:
@@ -190,7 +197,8 @@ class MemoryBinding(Binding):
                 self._dead.setdefault(entry[0], deque()).append(_Stored(message.body, message.headers))
                 self._cond.notify_all()
                 return
-        self.publish(bumped_body(message), message.queue_name, headers=message.headers, delay=delay)
+        body = bumped_body(message) if counted else message.body
+        self.publish(body, message.queue_name, headers=message.headers, delay=delay)
 
     def dead_letter(
         self, message: ReceivedMessage, reason: str, *, error: str | None = None, exception: str | None = None

@@ -383,6 +383,35 @@ class AzureServiceBusBinding(Binding):
                 raise
             logger.warning("Service Bus lock on %s expired (delivered again); nothing completed", message.queue_name)
 
+    def hand_back(self, messages: Sequence[ReceivedMessage], delay: float = 0) -> None:
+        """Send each message again as it is (bytes and application properties; scheduled ``delay`` s ahead), then
+        complete the original: the copy is a new message, so its delivery count starts again and the entity's
+        ``max_delivery_count`` is not used up. A dead letter is abandoned back to its DLQ, as :meth:`release`
+        does."""
+        for message in messages:
+            if message.from_dead_letter:
+                self.release(message)
+                continue
+            if not self._still_locked(message):
+                continue
+            sender, lock = self._sender(message.queue_name)
+            copy = self._outgoing(message.body, forwarded(message.headers), delay)
+            with lock, self._guard("hand back a message to", message.queue_name):
+                sender.send_messages(copy)
+            self.ack(message)
+
+    @staticmethod
+    def _still_locked(message: ReceivedMessage) -> bool:
+        """Whether this receiver still holds the message's lock (the SDK drops the lock token once it settled the
+        message; the lock's expiry is in the delivery): a copy must not be sent for a message already settled."""
+        held = receipt_of(message).message
+        until = held.locked_until_utc
+        if held.lock_token is None or (until is not None and until <= dt.datetime.now(dt.UTC)):
+            logger.warning("Service Bus message %s is no longer locked by this receiver (settled already, or its "
+                           "lock expired); nothing was changed", message.meta_id or "(no meta.id)")
+            return False
+        return True
+
     def release(self, message: ReceivedMessage, delay: float = 0) -> None:
         """Send a copy with ``attempts`` + 1 (scheduled ``delay`` s ahead), then complete the original. A message
         from a dead-letter queue is abandoned instead (back at once: Service Bus cannot delay an abandon)."""
@@ -393,6 +422,8 @@ class AzureServiceBusBinding(Binding):
             except BindingError as exc:
                 if not self._caused_by(exc, "MessageLockLostError", "MessageAlreadySettled"):
                     raise
+            return
+        if not self._still_locked(message):  # settled meanwhile: a copy would be a second message
             return
         sender, lock = self._sender(message.queue_name)
         retry_id = f"{message.meta_id}:{message.attempts + 1}" if self.config.duplicate_detection else None

@@ -387,6 +387,21 @@ class PulsarBinding(Binding):
     def ack(self, message: ReceivedMessage) -> None:
         self._settle(message, "acknowledge a message of")
 
+    def hand_back(self, messages: Sequence[ReceivedMessage], delay: float = 0) -> None:
+        """Publish each message again as it is (bytes and properties; ``deliver_after`` = delay), then acknowledge
+        the original: the copy is a new message, so the subscription's redelivery count does not move. A dead
+        letter goes back to its DLQ by negative acknowledgement, as :meth:`release` does."""
+        delay_ms = delay_millis(delay)
+        for message in messages:
+            if message.from_dead_letter:
+                self._settle(message, "return a dead letter to", nack=True)
+                continue
+            properties = outgoing_properties(message.envelope, message.headers, delay_ms=delay_ms,
+                                             attempts=message.attempts)
+            topic = message.receipt.topic if isinstance(message.receipt, Receipt) else self._topic(message.queue_name)
+            self._settle(message, "hand back a message to", (topic, message.body, properties, message.envelope,
+                                                             delay_ms))
+
     def release(self, message: ReceivedMessage, delay: float = 0) -> None:
         """Publish a copy with ``attempts`` + 1 (``deliver_after`` = delay), then acknowledge the original. A
         message drained from the DLQ goes back there unchanged by negative acknowledgement, after

@@ -721,6 +721,20 @@ class RabbitMQBinding(Binding):
             if not message.from_dead_letter:
                 self.release(message, delay)
 
+    def hand_back(self, messages: Sequence[ReceivedMessage], delay: float = 0) -> None:
+        """Without a delay (and for dead letters), ``basic.nack`` with requeue: the delivery goes back where it was,
+        unchanged, flagged ``redelivered`` (a quorum queue counts it in ``x-delivery-count``). With a delay, the
+        same bytes and headers are republished through the delay queue, then the delivery is acked: it comes
+        back at the end of the queue, and no broker count moves."""
+        if delay <= 0:
+            self._settle_many(messages, "hand back", requeue=True)
+            return
+        self._settle_many([m for m in messages if m.from_dead_letter], "hand back", requeue=True)
+        for message in messages:
+            if not message.from_dead_letter:
+                self._settle(message, "hand back", (message.queue_name, message.body, dict(message.headers)),
+                             delay=delay)
+
     def release(self, message: ReceivedMessage, delay: float = 0) -> None:
         """Republish with ``attempts`` + 1 (body and ``x-attempts``; a poison body keeps its bytes and counts in
         the header) to the end of the queue or through a delay queue, then ack. A message drained from the DLQ

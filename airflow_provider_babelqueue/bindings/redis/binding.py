@@ -501,10 +501,11 @@ class RedisBinding(Binding):
         return [([processing, f"{processing}:deadlines"], receipts[start:start + MANY_CHUNK])
                 for processing, receipts in groups.items() for start in range(0, len(receipts), MANY_CHUNK)]
 
-    def _release_groups(self, releases: Sequence[tuple[ReceivedMessage, float]]
+    def _release_groups(self, releases: Sequence[tuple[ReceivedMessage, float]], *, counted: bool = True
                         ) -> dict[tuple[str, str | None, float], list[tuple[_Receipt, bytes]]]:
         """Reservations to release, grouped for :meth:`_settle_calls`: a dead letter back on the DLQ it came from
-        exactly as stored; a message to the end of its ready list (``:delayed`` with a delay), attempts + 1."""
+        exactly as stored; a message to the end of its ready list (``:delayed`` with a delay), attempts + 1, or
+        (not ``counted``: handed back) the value exactly as it was stored, frame and all."""
         groups: dict[tuple[str, str | None, float], list[tuple[_Receipt, bytes]]] = {}
         for message, delay in releases:
             receipt = self._receipt_of(message)
@@ -513,7 +514,8 @@ class RedisBinding(Binding):
                 group, body = (receipt.processing, _source_of(receipt), 0.0), message.body
             else:
                 key = self._key(message.queue_name)
-                group, body = (receipt.processing, f"{key}:delayed" if delay > 0 else key, delay), bumped_body(message)
+                group = (receipt.processing, f"{key}:delayed" if delay > 0 else key, delay)
+                body = bumped_body(message) if counted else receipt.raw
             groups.setdefault(group, []).append((receipt, body))
         return groups
 
@@ -702,6 +704,12 @@ class RedisBinding(Binding):
     def release_many(self, messages: Sequence[ReceivedMessage], delay: float = 0) -> None:
         """:meth:`release` for many: one script per (processing list, target) and chunk, gated per member."""
         self._settle_many(self._release_groups([(message, delay) for message in messages]), "release reservations")
+
+    def hand_back(self, messages: Sequence[ReceivedMessage], delay: float = 0) -> None:
+        """Back to the end of the ready list (``:delayed`` with a delay) as the very value that was reserved: the
+        body, its frame and its ``attempts`` unchanged. One script per processing list and chunk, gated per member."""
+        groups = self._release_groups([(message, delay) for message in messages], counted=False)
+        self._settle_many(groups, "hand back reservations")
 
     def settle_and_reserve(self, queue_name: str, limit: int, timeout: float = 0, *,
                            acks: Sequence[ReceivedMessage] = (),

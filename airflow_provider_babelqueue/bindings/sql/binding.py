@@ -635,6 +635,23 @@ class SqlBinding(Binding):
         on their receipts."""
         self.settle((), [(message, delay) for message in messages])
 
+    def hand_back(self, messages: Sequence[ReceivedMessage], delay: float = 0) -> None:
+        """Un-reserve the rows as they are (payload and ``attempts`` untouched), ready again after ``delay``; one
+        transaction, one UPDATE per (table, token) and 500 ids, gated on the token like every settle."""
+        if not messages:
+            return
+        due = time.time() + max(delay, 0)
+        with self._guard("hand back reservations", messages[0].queue_name), self._write() as conn:
+            for (table, token), ids in self._by_token(messages).items():
+                if table is self._ready:
+                    statement = self._cached_text(table, "UPDATE {t} SET reserved_at = NULL, available_at = :due "
+                                                         "WHERE reserved_at = :token AND id IN :ids")
+                else:  # a dead letter has no schedule: it is just free again
+                    statement = self._cached_text(table, "UPDATE {t} SET reserved_at = NULL "
+                                                         "WHERE reserved_at = :token AND id IN :ids")
+                for start in range(0, len(ids), _BATCH_CHUNK):
+                    conn.execute(statement, {"token": token, "due": due, "ids": ids[start:start + _BATCH_CHUNK]})
+
     def settle(self, acks: Sequence[ReceivedMessage],
                releases: Sequence[tuple[ReceivedMessage, float]] = ()) -> None:
         """The releases (each with its own delay) and the acks in one transaction (see :meth:`_settle_in`)."""

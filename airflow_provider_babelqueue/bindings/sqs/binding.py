@@ -575,6 +575,22 @@ class SqsBinding(Binding):
                         f"({refused[0].get('Code')}: {refused[0].get('Message')})"
                     )
 
+    def hand_back(self, messages: Sequence[ReceivedMessage], delay: float = 0) -> None:
+        """Make each message visible again after ``delay`` (ChangeMessageVisibility, whole seconds, up to 12 h): the
+        very message, bytes and attributes unchanged. SQS counts every receive, so each hand-back moves
+        ``ApproximateReceiveCount`` and, with a redrive policy, towards ``maxReceiveCount``."""
+        seconds = whole_seconds(delay, MAX_VISIBILITY_TIMEOUT, "visibility timeout")
+        for message in messages:
+            receipt = _receipt(message)
+            try:
+                self._call("hand back a message to", receipt.QueueUrl, "change_message_visibility",
+                           **receipt._asdict(), VisibilityTimeout=seconds)
+            except BindingError as exc:
+                if error_code(exc.__cause__) not in ("ReceiptHandleIsInvalid", "MessageNotInflight"):
+                    raise
+                logger.warning("SQS receipt on %s is no longer held (deleted, or expired and delivered again); "
+                               "nothing was changed", receipt.QueueUrl)
+
     def release(self, message: ReceivedMessage, delay: float = 0) -> None:
         """Send a copy with ``attempts`` + 1 (``DelaySeconds`` = delay, capped at 900; a fresh deduplication id
         on FIFO), then delete the original. A delayed FIFO release, and a message read from the DLQ, is
