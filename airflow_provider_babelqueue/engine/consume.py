@@ -2,6 +2,11 @@
 
 For each delivery, in this order:
 
+0. with a :class:`~.filters.MessageFilter`, a message the filter does not take is *handed back* unhandled
+   (:meth:`Binding.hand_back`: bytes and ``attempts`` unchanged, hidden for ``unmatched_delay`` seconds), never
+   acked, released or dead-lettered, and counted as ``unmatched``: it is meant for another consumer. Poison and
+   invalid envelopes match no filter, so a filtered consumer hands them back too (an unfiltered one
+   quarantines them, below);
 1. a body over ``max_body_bytes`` or nested deeper than ``max_nesting_depth`` is dead-lettered with reason
    ``poison`` (its bytes kept exactly) and an error naming the limit and the actual size or depth: a hostile
    or runaway producer cannot make a consumer validate, re-encode or hand it to a handler;
@@ -30,6 +35,15 @@ an idempotency store makes those redeliveries no-ops. Nothing is lost: a message
 handler returned. A batch whose handlers are slow shrinks the next one (down to one message), so reservations do
 not outlive the broker's visibility timeout while they wait their turn.
 
+Handlers' return values. A handler that returns something other than ``None`` has it kept, in handling order, as
+``{"meta_id": ..., "urn": ..., "result": ...}`` in :attr:`ConsumeSummary.results` (what the operator returns to
+XCom), as its JSON form (orjson: a dataclass or a datetime is kept as the object or the text it encodes to).
+The list is bounded by ``max_results`` entries and ``max_result_bytes`` of JSON; once a result would pass either,
+it and every later one are counted in ``results_dropped`` instead, so the list is always the first results. A
+result orjson cannot encode is counted in ``results_unserialisable`` and warned about once per URN and type. A
+message delivered again (a crash before its ack, a redelivery by the broker) runs its handler again and has its
+result kept again; a duplicate skipped by the idempotency store has none.
+
 The limits are checked on the raw bytes the binding returned; bindings decode a body when they reserve it
 (with orjson, which refuses nesting deeper than 1,024 levels without recursing), so the limits protect
 everything after that: validation, the dead-letter re-encoding, handlers and their own parsers.
@@ -47,9 +61,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+import orjson
+
 from ..bindings.base import Binding, BindingError, ReceivedMessage, bumped_body
 from ..core import envelope as bq
 from ..core.idempotency import Effect, IdempotencyGuard, SeenStore
+from .filters import MessageFilter
 from .limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_NESTING_DEPTH, body_limit_error, check_limit, nesting_depth
 from .logs import Log
 
@@ -62,16 +79,31 @@ DEFAULT_BATCH_SIZE = 100
 DEFAULT_SETTLE_INTERVAL = 1.0
 #: A batch whose processing took longer than this halves the next batch (down to one message).
 _SLOW_BATCH_SECONDS = 5.0
+#: Seconds a message the filter did not take stays hidden after it is handed back. Long enough that a run walking
+#: a shared queue moves past the messages it handed back instead of meeting them again in its next reserves (a
+#: batch of 100 takes well under a second), short enough that the consumer a message is meant for gets it within
+#: seconds; a whole number, because SQS hides messages for whole seconds.
+DEFAULT_UNMATCHED_DELAY = 5.0
+#: Handler results kept for XCom: enough to pass the ids or references a run produced to the next task.
+DEFAULT_MAX_RESULTS = 100
+#: Bytes of JSON the kept results may take (64 KiB). Without a custom XCom backend a return value is one row of
+#: the metadata database, which the UI and every downstream pull load whole: it should stay small. A handler whose
+#: output is larger writes it to storage and returns a reference to it.
+DEFAULT_MAX_RESULT_BYTES = 64 * 1024
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_NESTING_DEPTH",
+    "DEFAULT_MAX_RESULTS",
+    "DEFAULT_MAX_RESULT_BYTES",
     "DEFAULT_SETTLE_INTERVAL",
+    "DEFAULT_UNMATCHED_DELAY",
     "Backoff",
     "ConsumeSummary",
     "Consumer",
     "Handler",
+    "MessageFilter",
     "UnknownUrnStrategy",
     "body_limit_error",
     "check_limit",
@@ -146,7 +178,12 @@ class Backoff:
 
 @dataclass(slots=True)
 class ConsumeSummary:
-    """What one bounded run did; ``as_dict()`` is what the operator returns to XCom."""
+    """What one bounded run did. ``as_dict()`` holds the counts (what progress lines log); the operator returns it
+    to XCom with :attr:`results` added.
+
+    ``received`` counts the deliveries the filter took (all of them without a filter); ``unmatched`` the ones it
+    handed back, once per hand-back. ``results`` holds the handlers' return values (see the module docstring).
+    """
 
     received: int = 0
     handled: int = 0
@@ -154,8 +191,12 @@ class ConsumeSummary:
     skipped_duplicates: int = 0
     deleted_unknown: int = 0
     released_unknown: int = 0
+    unmatched: int = 0
     broker_errors: int = 0
+    results_dropped: int = 0
+    results_unserialisable: int = 0
     dead_lettered: Counter[str] = field(default_factory=Counter)
+    results: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -165,15 +206,28 @@ class ConsumeSummary:
             "skipped_duplicates": self.skipped_duplicates,
             "deleted_unknown": self.deleted_unknown,
             "released_unknown": self.released_unknown,
+            "unmatched": self.unmatched,
             "broker_errors": self.broker_errors,
+            "results_dropped": self.results_dropped,
+            "results_unserialisable": self.results_unserialisable,
             "dead_lettered": dict(sorted(self.dead_lettered.items())),
         }
 
 
 def exception_name(exc: BaseException) -> str:
     """``module.QualName`` of an exception type (builtins without a module), for triage grouping."""
-    cls = type(exc)
+    return _type_name(exc)
+
+
+def _type_name(value: object) -> str:
+    cls = type(value)
     return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _whole(value: int, name: str) -> int:
+    if value.__class__ is bool or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
+    return value
 
 
 class Consumer:
@@ -197,6 +251,14 @@ class Consumer:
         1 settles every message before the next is reserved.
     :param settle_interval: handled messages are settled (acked) at least this often, in seconds, even
         mid-batch, which bounds what a crash repeats when handlers are slow.
+    :param message_filter: which messages this consumer takes (URN patterns, a JSONPath over ``data``), for a
+        queue several consumers share; the others are handed back unhandled, with their settlement. ``None`` or an
+        empty filter takes every message.
+    :param unmatched_delay: seconds a handed-back message stays hidden (default 5: see
+        :data:`DEFAULT_UNMATCHED_DELAY`), so this run moves past it rather than reserving it again.
+    :param max_results: handler return values kept in :attr:`ConsumeSummary.results`; 0 keeps none.
+    :param max_result_bytes: the JSON size the kept results may take together (default 64 KiB: a return value
+        lands in the metadata database, see :data:`DEFAULT_MAX_RESULT_BYTES`).
     """
 
     def __init__(
@@ -216,6 +278,10 @@ class Consumer:
         max_outage_seconds: float = 0.0,
         batch_size: int = DEFAULT_BATCH_SIZE,
         settle_interval: float = DEFAULT_SETTLE_INTERVAL,
+        message_filter: MessageFilter | None = None,
+        unmatched_delay: float = DEFAULT_UNMATCHED_DELAY,
+        max_results: int = DEFAULT_MAX_RESULTS,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
@@ -245,6 +311,21 @@ class Consumer:
         if not settle_interval >= 0:
             raise ValueError(f"settle_interval must be a number >= 0, got {settle_interval!r}")
         self.settle_interval = float(settle_interval)
+        #: ``None`` when every message is taken (no filter, or one that restricts nothing).
+        self.message_filter = message_filter if message_filter is not None and message_filter.active else None
+        if not 0 <= unmatched_delay < float("inf"):
+            raise ValueError(f"unmatched_delay must be a finite number >= 0, got {unmatched_delay!r}")
+        self.unmatched_delay = float(unmatched_delay)
+        self.max_results = _whole(max_results, "max_results")
+        self.max_result_bytes = _whole(max_result_bytes, "max_result_bytes")
+        #: Messages the filter did not take, waiting for the batch's settlement to be handed back together.
+        self._unmatched: list[ReceivedMessage] = []
+        #: Who this run handed back (``meta.id``, or a hash of an undecodable body): a reserve that brings back only
+        #: those brought nothing new, which ends a run that stops when the queue is empty.
+        self._handed_back: set[str | int] = set()
+        self._result_bytes = 0
+        self._results_full = False
+        self._warned_unserialisable: set[tuple[str, str]] = set()
         #: Handled messages waiting for the batch's ack, and failed ones for their release with their delay
         #: (``None``: settle each at once, as :meth:`process` called alone does).
         self._acks: list[ReceivedMessage] | None = None
@@ -324,12 +405,57 @@ class Consumer:
     def _settle(self) -> None:
         """Settle the batch's handled and failed messages so far in one call (a broker error leaves them reserved:
         they come back, and the idempotency store, when set, keeps their handlers from running twice)."""
+        self._hand_back()
         acks, releases = self._pending()
         if acks or releases:
             self.binding.settle(acks, releases)
 
+    def _hand_back(self) -> None:
+        """Hand back the messages the filter did not take, in one call (a broker error leaves them reserved: they
+        come back after the visibility timeout, unhandled, as they would have anyway)."""
+        unmatched, self._unmatched = self._unmatched, []
+        if unmatched:
+            self.binding.hand_back(unmatched, delay=self.unmatched_delay)
+
+    @staticmethod
+    def _identity(message: ReceivedMessage) -> str | int:
+        return message.meta_id or hash(message.body)
+
+    def _keep_result(self, meta_id: str, urn: str, value: Any) -> None:
+        """Keep a handler's return value for XCom, within the bounds (see the module docstring)."""
+        try:
+            encoded = orjson.dumps({"meta_id": meta_id, "urn": urn, "result": value})
+        except TypeError:  # orjson.JSONEncodeError: an unsupported type, a lone surrogate, a cycle, a huge int
+            self.summary.results_unserialisable += 1
+            kind = _type_name(value)
+            if (urn, kind) not in self._warned_unserialisable:
+                self._warned_unserialisable.add((urn, kind))
+                self.log.warning("the handler for %s returned a %s, which is not JSON-serialisable: not kept for "
+                                 "XCom (counted in results_unserialisable)", urn, kind)
+            return
+        if (self._results_full or len(self.summary.results) >= self.max_results
+                or self._result_bytes + len(encoded) > self.max_result_bytes):
+            if not self._results_full:
+                self._results_full = True
+                self.log.info("kept %d handler results (%d bytes of JSON); later ones are counted in "
+                              "results_dropped (max_results=%d, max_result_bytes=%d)", len(self.summary.results),
+                              self._result_bytes, self.max_results, self.max_result_bytes)
+            self.summary.results_dropped += 1
+            return
+        self.summary.results.append(orjson.loads(encoded))
+        self._result_bytes += len(encoded)
+
     def process(self, message: ReceivedMessage) -> str:
-        """Handle one delivery; returns what happened (``handled``, ``retried``, ``dead_letter:<reason>``...)."""
+        """Handle one delivery; returns what happened (``handled``, ``retried``, ``dead_letter:<reason>``,
+        ``unmatched``...)."""
+        if self.message_filter is not None and not self.message_filter.matches(message.envelope):
+            self.summary.unmatched += 1
+            self._handed_back.add(self._identity(message))
+            if self._acks is None:
+                self.binding.hand_back([message], delay=self.unmatched_delay)
+            else:
+                self._unmatched.append(message)
+            return "unmatched"
         self.summary.received += 1
         limit_error = body_limit_error(message.body, self.max_body_bytes, self.max_nesting_depth,
                                        size=message.size)
@@ -352,12 +478,13 @@ class Consumer:
             # the broker counted more deliveries than the body (check() made attempts an int): the handler sees
             # the reconciled count, on a copy, so the decoded envelope stays what the body holds
             envelope = {**envelope, "attempts": message.attempts}
+        returned: list[Any] = []  # the guard returns what it did, not what the handler returned
         try:
             if self.guard is None:
-                handler(envelope)
+                returned.append(handler(envelope))
                 effect = Effect.RUN
             else:
-                effect = self.guard.process(envelope, handler)
+                effect = self.guard.process(envelope, lambda env: returned.append(handler(env)))
         except Exception as exc:  # noqa: BLE001 - any handler failure is retried or dead-lettered
             return self._failed(message, exc, bq.Reason.FAILED)
         if effect is Effect.SKIP:
@@ -366,6 +493,8 @@ class Consumer:
             return "skipped_duplicate"
         self._ack(message)
         self.summary.handled += 1
+        if returned and returned[0] is not None:
+            self._keep_result(bq.meta_id_of(envelope), urn, returned[0])
         return "handled"
 
     def _unknown(self, message: ReceivedMessage, urn: str) -> str:
@@ -399,10 +528,19 @@ class Consumer:
 
         Reserves up to :attr:`batch_size` messages at once, waiting up to ``reserve_timeout`` for the first with
         the broker's blocking read; processes them in order; settles the handled ones together (see the module
-        docstring). ``progress_every`` deliveries, a progress line goes to the log."""
+        docstring). ``progress_every`` deliveries, a progress line goes to the log.
+
+        With a filter, ``max_messages`` counts the deliveries it took; the ones it handed back are hidden for
+        ``unmatched_delay`` seconds, so the next reserves reach past them. A reserve that brings only messages
+        this run handed back already (their delay ran out) brought nothing new: with ``stop_when_empty`` the run
+        ends there, as on an empty reserve; without, it waits ``reserve_timeout`` before it reserves again."""
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
-        size, logged = self.batch_size, 0
-        self._acks, self._releases = [], []
+        size, logged, idle = self.batch_size, 0, False
+        self._acks, self._releases, self._unmatched = [], [], []
+        self._handed_back = set()
+        if self.message_filter is not None:
+            self.log.info("consuming %s: only messages where %s; the others are handed back unhandled, hidden "
+                          "for %.1f s", self.queue_name, self.message_filter.describe(), self.unmatched_delay)
         try:
             while max_messages is None or self.summary.received < max_messages:
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -411,20 +549,28 @@ class Consumer:
                 timeout = reserve_timeout if remaining is None else max(0.0, min(reserve_timeout, remaining))
                 want = size if max_messages is None else min(size, max_messages - self.summary.received)
                 try:
+                    # handed back first: the reserve below may take them again once their delay is over
+                    self._hand_back()
+                    if idle:  # the last reserve brought only what this run had handed back: wait as on an empty one
+                        idle = False
+                        self._pause(timeout, deadline)
+                        continue
                     # the previous batch is settled in the same call (one transaction on the SQL table)
                     acks, releases = self._pending()
                     batch = self.binding.settle_and_reserve(self.queue_name, want, timeout, acks=acks,
                                                             releases=releases)
                     began = time.monotonic()
-                    self._process_batch(batch)
+                    fresh = self._process_batch(batch)
                 except BindingError as exc:
                     self._pending()  # still reserved on the broker: they come back (see _settle)
+                    self._unmatched = []
                     self._ride_out(exc, deadline)
                     continue
                 self._outage_since = None
-                if not batch:
+                if not fresh:  # empty, or only messages this run handed back already
                     if stop_when_empty:
                         break
+                    idle = bool(batch)  # back at once (no delay): wait as an empty reserve would, rather than spin
                     continue
                 took = time.monotonic() - began
                 if took > _SLOW_BATCH_SECONDS and size > 1:
@@ -434,30 +580,46 @@ class Consumer:
                 if progress_every and self.summary.received // progress_every > logged:
                     logged = self.summary.received // progress_every
                     self.log.info("progress on %s: %s", self.queue_name, self.summary.as_dict())
+            unmatched, self._unmatched = self._unmatched, []
             acks, releases = self._pending()  # the last batch
-            while acks or releases:
+            while unmatched or acks or releases:
                 try:
-                    self.binding.settle(acks, releases)
+                    if unmatched:
+                        self.binding.hand_back(unmatched, delay=self.unmatched_delay)
+                        unmatched = []
+                    if acks or releases:
+                        self.binding.settle(acks, releases)
                     break
                 except BindingError as exc:  # settling again is harmless: each settle is gated on its receipt
                     self._ride_out(exc, deadline)
         finally:
-            self._acks, self._releases = None, []
+            self._acks, self._releases, self._unmatched = None, [], []
             try:
                 self.binding.end_reservations(self.queue_name)
             except BindingError as exc:  # what it held comes back when its connection closes
                 self.log.warning("could not hand back prefetched messages of %s: %s", self.queue_name, exc)
         return self.summary
 
-    def _process_batch(self, batch: list[ReceivedMessage]) -> None:
-        """Process each message in order; the handled and failed ones wait for the batch's settlement, which
-        happens every :attr:`settle_interval` seconds too when handlers are slow."""
+    def _process_batch(self, batch: list[ReceivedMessage]) -> bool:
+        """Process each message in order; the handled, failed and unmatched ones wait for the batch's settlement,
+        which happens every :attr:`settle_interval` seconds too when handlers are slow. Returns whether the batch
+        brought anything new: a message this run did not hand back before."""
+        fresh = self.message_filter is None or any(self._identity(m) not in self._handed_back for m in batch)
         since = time.monotonic()
         for message in batch:
             self.process(message)
             if time.monotonic() - since >= self.settle_interval:
                 self._settle()
                 since = time.monotonic()
+        return bool(batch) and fresh
+
+    @staticmethod
+    def _pause(seconds: float, deadline: float | None) -> None:
+        """Sleep ``seconds``, or until ``deadline``."""
+        if deadline is not None:
+            seconds = min(seconds, deadline - time.monotonic())
+        if seconds > 0:
+            time.sleep(seconds)
 
     def _ride_out(self, exc: BindingError, deadline: float | None) -> None:
         """Wait out a broker error, or raise it once ``max_outage_seconds`` have passed since the first one.

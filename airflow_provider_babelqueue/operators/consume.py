@@ -12,13 +12,17 @@ from ..engine.consume import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_NESTING_DEPTH,
+    DEFAULT_MAX_RESULT_BYTES,
+    DEFAULT_MAX_RESULTS,
+    DEFAULT_UNMATCHED_DELAY,
     Backoff,
     Consumer,
     UnknownUrnStrategy,
     check_limit,
 )
+from ..engine.filters import MessageFilter, message_filter
 from ..hooks import DEFAULT_CONN_ID, get_hook
-from ._params import is_unset
+from ._params import is_template, is_unset, parse_list, parse_number
 
 __all__ = ["BabelQueueConsumeOperator", "DeadLettersProducedError", "resolve_handlers"]
 
@@ -50,20 +54,41 @@ def resolve_handlers(handlers: Mapping[str, Callable[..., Any] | str]) -> dict[s
     return resolved
 
 
+def _filter_of(urns: Any, jsonpath: Any) -> MessageFilter:
+    """The rendered ``urns`` / ``jsonpath`` as a filter (unset values restrict nothing); ``ValueError`` names an
+    invalid JSONPath."""
+    return message_filter(parse_list(urns, "urns") or None, None if is_unset(jsonpath) else jsonpath)
+
+
+def _unmatched_delay_of(value: Any) -> float:
+    delay = parse_number(value, "unmatched_delay")
+    return DEFAULT_UNMATCHED_DELAY if delay is None else delay
+
+
+def _templated(value: Any) -> bool:
+    """Whether ``value`` (or an item of it) still holds a template: checked after rendering instead."""
+    if isinstance(value, list | tuple | set | frozenset):
+        return any(is_template(item) for item in value)
+    return is_template(value)
+
+
 class BabelQueueConsumeOperator(BaseOperator):
     """Consume a queue for a bounded run with the contract's consumer rules; returns a summary (XCom).
 
     Validation comes first: undecodable bodies (``poison``) and envelopes that fail validation are
     quarantined to the dead-letter queue with their reason, never dropped. Then the URN picks a handler;
     failures are retried with backoff and dead-lettered with reason ``failed`` once ``max_attempts``
-    handler runs failed. The summary counts handled, retried, skipped duplicates and dead letters by reason.
+    handler runs failed. The summary counts handled, retried, skipped duplicates and dead letters by reason, and
+    its ``results`` list holds what the handlers returned (see ``max_results``).
 
     :param babelqueue_conn_id: the BabelQueue connection (templated); its type picks the broker.
     :param queue_name: the queue to consume (templated).
     :param handlers: URN → callable taking the envelope dict, or its dotted path as a string.
-    :param max_messages: stop after this many deliveries (retries count as deliveries).
+    :param max_messages: stop after this many deliveries (retries count as deliveries; messages a filter hands
+        back do not).
     :param max_seconds: stop after this many seconds, so the task fits its schedule.
-    :param stop_when_empty: stop as soon as a reserve finds nothing within ``reserve_timeout``.
+    :param stop_when_empty: stop as soon as a reserve finds nothing within ``reserve_timeout`` (with a filter: nothing
+        but messages this run handed back already).
     :param reserve_timeout: seconds each reserve waits for a message.
     :param max_attempts: handler runs before a failing message is dead-lettered (1 = no retry).
     :param backoff: ``exponential`` (default) or ``fixed`` delay before a retry is delivered again.
@@ -91,10 +116,26 @@ class BabelQueueConsumeOperator(BaseOperator):
         10 per receive). The handled messages of a batch are settled together, which is what lets a consumer keep
         up with the broker; a worker killed mid-batch has the batch's handled messages delivered again (an
         idempotency store makes that harmless). Batches shrink by themselves while handlers are slow.
+    :param urns: only take messages whose URN matches one of these shell-style patterns (``urn:babel:orders:*``;
+        templated; a list, or one pattern, or JSON-list or comma-separated text once rendered), so several DAGs
+        can share a queue. A message the filter does not take is handed back unhandled (bytes and ``attempts``
+        unchanged), never acked or dead-lettered; poison and invalid envelopes match no filter. ``None``: every URN.
+    :param jsonpath: only take messages whose ``data`` the RFC 9535 JSONPath selects something in (templated):
+        ``$.coupon`` (present), ``$.items[?@.qty > 2]``, ``$[?$.amount > 100]`` (a top-level condition). Both
+        set: both must match. An invalid expression fails when the DAG is parsed, with the reason.
+    :param unmatched_delay: seconds a handed-back message stays hidden (templated; default 5), so the run moves
+        past it instead of reserving it again, while the consumer it is meant for gets it within seconds.
+    :param max_results: what handlers return (when not ``None``) goes to the summary's ``results`` as
+        ``{"meta_id", "urn", "result"}``, in handling order, up to this many (default 100; 0 keeps none); the
+        rest are counted in ``results_dropped``. A result that is not JSON-serialisable is counted in
+        ``results_unserialisable`` and warned about once per URN and type.
+    :param max_result_bytes: the JSON size the kept results may take together (default 64 KiB): the return value
+        is stored in Airflow's metadata database and loaded whole by the UI and downstream tasks. A handler with a
+        larger output should write it to storage and return a reference.
     """
 
     template_fields: Sequence[str] = ("babelqueue_conn_id", "queue_name", "idempotency_conn_id",
-                                      "idempotency_store")
+                                      "idempotency_store", "urns", "jsonpath", "unmatched_delay")
     ui_color = "#e8eef8"
 
     def __init__(
@@ -120,6 +161,11 @@ class BabelQueueConsumeOperator(BaseOperator):
         max_nesting_depth: int | None = DEFAULT_MAX_NESTING_DEPTH,
         max_outage_seconds: float = 60.0,
         batch_size: int = DEFAULT_BATCH_SIZE,
+        urns: str | Sequence[str] | None = None,
+        jsonpath: str | None = None,
+        unmatched_delay: float | str = DEFAULT_UNMATCHED_DELAY,
+        max_results: int = DEFAULT_MAX_RESULTS,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -146,9 +192,23 @@ class BabelQueueConsumeOperator(BaseOperator):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
         self.batch_size = batch_size
+        self.urns = urns
+        self.jsonpath = jsonpath
+        self.unmatched_delay = unmatched_delay
+        if not _templated(urns) and not _templated(jsonpath):
+            _filter_of(urns, jsonpath)  # an invalid JSONPath fails when the DAG is parsed; built again in execute
+        if not _templated(unmatched_delay):
+            _unmatched_delay_of(unmatched_delay)
+        for name, value in (("max_results", max_results), ("max_result_bytes", max_result_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
+        self.max_results = max_results
+        self.max_result_bytes = max_result_bytes
 
     def execute(self, context: Context) -> dict[str, Any]:
         handlers = resolve_handlers(self.handlers)
+        rendered_filter = _filter_of(self.urns, self.jsonpath)
+        unmatched_delay = _unmatched_delay_of(self.unmatched_delay)
         hook = get_hook(self.babelqueue_conn_id)
         store_hook = None
         try:
@@ -173,18 +233,24 @@ class BabelQueueConsumeOperator(BaseOperator):
                 max_nesting_depth=self.max_nesting_depth,
                 max_outage_seconds=self.max_outage_seconds,
                 batch_size=self.batch_size,
+                message_filter=rendered_filter,
+                unmatched_delay=unmatched_delay,
+                max_results=self.max_results,
+                max_result_bytes=self.max_result_bytes,
             )
-            summary = consumer.run(
+            run = consumer.run(
                 max_messages=self.max_messages,
                 max_seconds=self.max_seconds,
                 stop_when_empty=self.stop_when_empty,
                 reserve_timeout=self.reserve_timeout,
-            ).as_dict()
+            )
         finally:
             hook.close()
             if store_hook is not None and store_hook is not hook:
                 store_hook.close()
-        self.log.info("consumed %s: %s", self.queue_name, summary)
+        counts = run.as_dict()
+        self.log.info("consumed %s: %s", self.queue_name, counts)
+        summary = {**counts, "results": run.results}
         if self.fail_on_dead_letters and summary["dead_lettered"]:
             context["ti"].xcom_push(key="return_value", value=summary)
             raise DeadLettersProducedError(

@@ -385,7 +385,10 @@ def test_each_message_of_a_batch_gets_its_own_outcome(make_binding: Factory, bro
         "skipped_duplicates": 0,
         "deleted_unknown": 0,
         "released_unknown": 0,
+        "unmatched": 0,
         "broker_errors": 0,
+        "results_dropped": 0,
+        "results_unserialisable": 0,
         "dead_lettered": {"failed": 2},
     }
     assert binding.depth(queue_name) == 0

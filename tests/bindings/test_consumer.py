@@ -48,7 +48,10 @@ def test_handled_messages_are_acked(binding: Binding, queue_name: str) -> None:
         "skipped_duplicates": 0,
         "deleted_unknown": 0,
         "released_unknown": 0,
+        "unmatched": 0,
         "broker_errors": 0,
+        "results_dropped": 0,
+        "results_unserialisable": 0,
         "dead_lettered": {},
     }
     assert binding.depth(queue_name) == 0 and binding.dead_letter_depth(queue_name) == 0

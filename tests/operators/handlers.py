@@ -13,3 +13,9 @@ def record(envelope: dict[str, Any]) -> None:
 
 def always_fail(envelope: dict[str, Any]) -> None:
     raise TimeoutError(f"downstream timed out for order {envelope['data'].get('order_id')}")
+
+
+def order_total(envelope: dict[str, Any]) -> dict[str, Any]:
+    """What a handler hands on to the next task: a small JSON result."""
+    data = envelope["data"]
+    return {"order_id": data["order_id"], "total": data["amount"] * 2}

@@ -80,8 +80,12 @@ def test_publish_then_consume_in_one_dag(conn_id: str) -> None:
         "skipped_duplicates": 0,
         "deleted_unknown": 0,
         "released_unknown": 0,
+        "unmatched": 0,
         "broker_errors": 0,
+        "results_dropped": 0,
+        "results_unserialisable": 0,
         "dead_lettered": {"failed": 1},
+        "results": [],
     }
     by_id = {env["meta"]["id"]: env for env in handlers.HANDLED}
     assert sorted(by_id) == sorted(single_ids + batch_ids)
