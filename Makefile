@@ -1,5 +1,5 @@
 # The two commands: `make demo` and `make test`. Everything else is a helper they use.
-.PHONY: demo verdicts docs test bench bench-consume bench-body-limit crash-consume hostile-corpus bootstrap services lock lint typecheck spark-class-archive install-check clean
+.PHONY: demo verdicts docs test bench bench-consume bench-body-limit crash-consume crash-trigger hostile-corpus bootstrap services lock lint typecheck spark-class-archive install-check clean
 
 CONFORMANCE ?= ../shared/conformance
 
@@ -31,6 +31,11 @@ bench-consume: bootstrap services
 # kill -9 the batched consumer 20 times per broker (CI runs 4): 0 lost, at most one batch repeated per kill.
 crash-consume: bootstrap services
 	BQ_CRASH_KILLS=$${KILLS:-20} .venv/bin/python -m pytest -p no:cacheprovider -s tests/reliability/test_crashes.py -k consume
+
+# SIGKILL the triggerer 20 times while 1,000 messages per broker arrive (CI: 100 and 3): 0 lost, duplicates counted.
+crash-trigger: bootstrap services
+	BQ_TRIGGER_MESSAGES=$${MESSAGES:-1000} BQ_TRIGGER_KILLS=$${KILLS:-20} .venv/bin/python -m pytest -p no:cacheprovider \
+		-s tests/sensors/test_e2e_message_trigger.py
 
 # Peak memory of refusing one oversized body, per binding (docs/benchmarks.md); BODY_MB=100 by default.
 bench-body-limit: bootstrap

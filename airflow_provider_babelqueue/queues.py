@@ -1,9 +1,11 @@
 """common.messaging queue providers: ``MessageQueueTrigger(scheme="babelqueue+<broker>", ...)``.
 
-Each scheme selects :class:`~airflow_provider_babelqueue.triggers.BabelQueueDeadLetterTrigger`, which
-fires when dead letters arrive on ``queue_name`` of ``babelqueue_conn_id``; the keyword arguments given
-to ``MessageQueueTrigger`` go to that trigger. The scheme names the broker for readers of the DAG; the
-connection decides which broker is polled. Schemes are namespaced (``babelqueue+``) so they never
+Each scheme selects :class:`~airflow_provider_babelqueue.triggers.BabelQueueMessageTrigger`, which fires for
+live messages on ``queue_name`` of ``babelqueue_conn_id`` (at least once: a message is settled only after its
+event is stored), as the official schemes do; the keyword arguments given to ``MessageQueueTrigger`` go to that
+trigger. Dead-letter watching is :class:`~airflow_provider_babelqueue.triggers.BabelQueueDeadLetterTrigger`,
+used directly in an ``AssetWatcher``. The scheme names the broker for readers of the DAG; the connection decides
+which broker is read. Schemes are namespaced (``babelqueue+``) so they never
 collide with other providers' ``sqs`` or ``redis+pubsub``.
 """
 
@@ -28,9 +30,9 @@ __all__ = [
 
 class _BabelQueueProvider(BaseMessageQueueProvider):
     def trigger_class(self) -> type[BaseEventTrigger]:
-        from .triggers.queue import BabelQueueDeadLetterTrigger
+        from .triggers.messages import BabelQueueMessageTrigger
 
-        return BabelQueueDeadLetterTrigger
+        return BabelQueueMessageTrigger
 
 
 class BabelQueueSqlQueueProvider(_BabelQueueProvider):

@@ -121,6 +121,7 @@ LONG_MODULES = (
     "tests/spark/test_standalone_cluster.py",
     "tests/reliability/test_crashes.py",
     "tests/bindings/test_batched_consume.py",
+    "tests/sensors/test_e2e_message_trigger.py",
     "tests/sensors/test_e2e_asset_watcher.py",
     "tests/dags/test_trigger_form.py",
     "tests/plugins/test_e2e_api_server.py",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .messages import BabelQueueMessageTrigger
 from .queue import BabelQueueDeadLetterTrigger, BabelQueueDepthTrigger
 
-__all__ = ["BabelQueueDeadLetterTrigger", "BabelQueueDepthTrigger"]
+__all__ = ["BabelQueueDeadLetterTrigger", "BabelQueueDepthTrigger", "BabelQueueMessageTrigger"]

@@ -1,51 +1,24 @@
 """Triggers: queue depth (for the deferrable depth sensor) and dead-letter arrival (an event trigger).
 
 Both run the same pure checks as the sensors (:mod:`airflow_provider_babelqueue.checks`). Broker calls are
-blocking, so each trigger owns one worker thread that creates the hook and binding once and reuses them
-for every poll; the event loop only awaits.
+blocking, so each trigger owns one worker thread (:class:`.thread.BrokerThread`) that creates the hook and
+binding once and reuses them for every poll; the event loop only awaits.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 from ..bindings.base import Binding
 from ..engine.checks import dead_letter_status, depth_status, validate_depth_args
-from ..hooks import DEFAULT_CONN_ID, get_hook
+from ..hooks import DEFAULT_CONN_ID
+from .thread import BrokerThread
 
 __all__ = ["BabelQueueDeadLetterTrigger", "BabelQueueDepthTrigger"]
-
-T = TypeVar("T")
-
-
-class _BrokerThread:
-    """One thread that owns a hook: broker clients are created once and only ever used from it (some
-    clients, like pika's, must not be shared between threads)."""
-
-    def __init__(self, conn_id: str) -> None:
-        self.conn_id = conn_id
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="babelqueue-trigger")
-        self._hook: Any = None
-
-    def _call(self, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
-        if self._hook is None:
-            self._hook = get_hook(self.conn_id)
-        return fn(self._hook.get_binding(), *args, **kwargs)
-
-    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._call, fn, args, kwargs)
-
-    def close(self) -> None:
-        hook = self._hook
-        if hook is not None:
-            self._executor.submit(hook.close)
-        self._executor.shutdown(wait=False)
-
 
 class BabelQueueDepthTrigger(BaseTrigger):
     """Fires once when a queue's depth satisfies a comparison (see ``BabelQueueQueueDepthSensor``).
@@ -99,7 +72,7 @@ class BabelQueueDepthTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        broker = _BrokerThread(self.babelqueue_conn_id)
+        broker = BrokerThread(self.babelqueue_conn_id)
         try:
             while True:
                 status = await broker.call(
@@ -216,7 +189,7 @@ class BabelQueueDeadLetterTrigger(BaseEventTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        broker = _BrokerThread(self.babelqueue_conn_id)
+        broker = BrokerThread(self.babelqueue_conn_id)
         baseline = self.baseline
         try:
             if baseline is None and self.since_start:

@@ -37,6 +37,7 @@ SAMPLE_DAGS = {
     "babelqueue_event_triggered_triage": ["check_spark", "drain", "plan", "triage"],
     "babelqueue_publish_example": ["publish_lines", "publish_order", "start_trace"],
     "babelqueue_consume_example": ["consume_orders"],
+    "babelqueue_order_events": ["process_orders"],
 }
 BROKERS = ["sqlite-default", "redis"]
 
@@ -105,6 +106,43 @@ def test_schedules_and_safe_defaults(bag: Any) -> None:
     [watcher] = asset.watchers
     assert asset.uri == "babelqueue://babelqueue_default/orders/dead-letters"
     assert type(watcher.trigger).__name__ == "BabelQueueDeadLetterTrigger"
+    [orders] = bag.get_dag("babelqueue_order_events").timetable.asset_condition.objects
+    [messages] = orders.watchers
+    assert orders.uri == "babelqueue://babelqueue_default/order-events"
+    assert messages.trigger.serialize() == (
+        "airflow_provider_babelqueue.triggers.messages.BabelQueueMessageTrigger",
+        {"queue_name": "order-events", "babelqueue_conn_id": "babelqueue_default", "urns": ["urn:babel:orders:*"],
+         "jsonpath": None, "batch_size": 1, "max_event_bytes": 65536, "reserve_timeout": 5.0,
+         "unmatched_delay": 5.0, "max_pending": 1000})
+
+
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
+def test_order_events_dag_processes_each_message_once(bag: Any, broker: dict[str, Any]) -> None:
+    """The run's task on the events a trigger made: a message in two events (a triggerer restart) and a message
+    an earlier run processed are processed once; the seen-set lives on the broker's connection."""
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(DAGS))
+    try:
+        import babelqueue_order_events as sample
+    finally:
+        sys.path.remove(str(DAGS))
+    from airflow_provider_babelqueue.triggers.messages import envelopes_from
+
+    envelopes = [bq.make_envelope("urn:babel:orders:created", {"order_id": n, "amount": 10.5 * n},
+                                  queue_name="order-events") for n in (1, 2, 3)]
+
+    def event(*chosen: dict[str, Any]) -> Any:
+        return SimpleNamespace(extra={"from_trigger": True, "payload": {"count": len(chosen), "messages": [
+            {"meta_id": e["meta"]["id"], "urn": e["job"], "attempts": 0, "envelope": e} for e in chosen]}})
+
+    first = {"asset": [event(envelopes[0]), event(envelopes[1]), event(envelopes[0])]}
+    assert envelopes_from(first) == envelopes[:2]
+    assert sample.process(envelopes_from(first), broker["conn_id"]) == {
+        "received": 2, "processed": 2, "already_processed": 0, "total_amount": 31.5}
+    second = {"asset": [event(envelopes[1], envelopes[2])]}  # envelope 1 again: the broker handed it out twice
+    assert sample.process(envelopes_from(second), broker["conn_id"]) == {
+        "received": 2, "processed": 1, "already_processed": 1, "total_amount": 31.5}
 
 
 def _broker(kind: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[str, Any]]:

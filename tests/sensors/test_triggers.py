@@ -13,7 +13,11 @@ import pytest
 
 from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.hooks import get_hook
-from airflow_provider_babelqueue.triggers import BabelQueueDeadLetterTrigger, BabelQueueDepthTrigger
+from airflow_provider_babelqueue.triggers import (
+    BabelQueueDeadLetterTrigger,
+    BabelQueueDepthTrigger,
+    BabelQueueMessageTrigger,
+)
 
 REDIS = {"conn_type": "babelqueue_redis", "host": "127.0.0.1", "port": 6379, "extra": {"key_prefix": "bqtrig:"}}
 
@@ -181,3 +185,34 @@ def test_trigger_errors_become_error_events(monkeypatch: pytest.MonkeyPatch) -> 
     trigger = BabelQueueDepthTrigger(queue_name="q", babelqueue_conn_id="bq_down", poll_interval=0.1)
     event = asyncio.run(asyncio.wait_for(anext(trigger.run()), timeout=30))
     assert event.payload["status"] == "error" and "127.0.0.1:1" in event.payload["message"]
+
+
+def test_message_trigger_round_trip_and_key() -> None:
+    trigger = BabelQueueMessageTrigger(queue_name="orders", babelqueue_conn_id="c", urns="urn:babel:orders:*",
+                                       jsonpath="$[?$.amount > 100]", batch_size=5, max_event_bytes=4096,
+                                       reserve_timeout=2, unmatched_delay=1, max_pending=50)
+    again = rebuild(trigger)
+    assert again.serialize() == trigger.serialize()
+    assert trigger.serialize()[1]["urns"] == ["urn:babel:orders:*"]
+    assert again.shared_stream_key() == trigger.shared_stream_key()  # one reader for equal triggers
+    other = BabelQueueMessageTrigger(queue_name="orders", babelqueue_conn_id="c", urns="urn:babel:orders:*")
+    assert other.shared_stream_key() != trigger.shared_stream_key()  # another filter or shape: its own reader
+
+
+@pytest.mark.parametrize("bad", [{"jsonpath": "$.[["}, {"batch_size": 0}, {"max_event_bytes": True},
+                                 {"batch_size": 10, "max_pending": 5}, {"urns": [""]}])
+def test_message_trigger_refuses_bad_arguments_when_the_dag_is_parsed(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        BabelQueueMessageTrigger(queue_name="orders", **bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("scheme", ["babelqueue+sql", "babelqueue+redis", "babelqueue+rabbitmq", "babelqueue+sqs",
+                                    "babelqueue+azure-service-bus", "babelqueue+pulsar"])
+def test_schemes_mean_messages(scheme: str) -> None:
+    """``MessageQueueTrigger(scheme="babelqueue+...")`` reads live messages, as the official schemes do."""
+    from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
+
+    trigger = MessageQueueTrigger(scheme=scheme, babelqueue_conn_id="c", queue_name="orders", urns=["urn:x:*"])
+    path, kwargs = trigger.serialize()
+    assert path == "airflow_provider_babelqueue.triggers.messages.BabelQueueMessageTrigger"
+    assert (kwargs["queue_name"], kwargs["babelqueue_conn_id"], kwargs["urns"]) == ("orders", "c", ["urn:x:*"])
