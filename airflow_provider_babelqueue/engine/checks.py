@@ -6,23 +6,29 @@ reschedule and deferrable modes decide identically. Pure: bindings only, no Airf
 
 from __future__ import annotations
 
+import functools
 import operator
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Any
+
+import jsonpath as rfc9535
 
 from ..bindings.base import Binding, NotSupportedError, ReceivedMessage
 from ..core import envelope as bq
 from ..core.errors import EnvelopeDecodeError
 from ..core.frames import FRAME_KEY, open_body
 from ..core.peer import poison_wrapper
+from .filters import MessageFilter, message_filter
 
 __all__ = [
     "COMPARISONS",
     "DeadLetterStatus",
     "DepthStatus",
     "compare",
+    "dead_letter_matches",
     "dead_letter_status",
     "depth_status",
 ]
@@ -103,10 +109,11 @@ class DeadLetterStatus:
         return {"depth": self.depth, "matching": self.matching, "sample": self.sample}
 
 
-def _sample_entry(message: ReceivedMessage) -> dict[str, Any]:
-    """``{"meta_id", "urn", "reason"}`` of one browsed dead letter, read as every reader reads stored bodies: a
-    framed dead letter (the Python SDK keeps the frame) as its inner envelope, a poison wrapper with its block's
-    reason (``poison`` when it has none) and any undecodable body as ``poison``."""
+def _read_dead_letter(message: ReceivedMessage) -> tuple[dict[str, Any], Mapping[str, Any] | None]:
+    """One browsed dead letter as ``({"meta_id", "urn", "reason"}, envelope)``, read as every reader reads stored
+    bodies: a framed dead letter (the Python SDK keeps the frame) as its inner envelope, a poison wrapper with its
+    block's reason (``poison`` when it has none) and any undecodable body as ``poison``. The envelope is ``None``
+    for a poison wrapper or an undecodable body: neither has a URN or a ``data`` a filter could look at."""
     envelope = message.envelope
     if envelope is not None and FRAME_KEY in envelope:  # a binding that did not unwrap: read the stored bytes
         try:
@@ -114,13 +121,44 @@ def _sample_entry(message: ReceivedMessage) -> dict[str, Any]:
         except EnvelopeDecodeError:
             envelope = None
     if envelope is None:
-        return {"meta_id": "", "urn": "", "reason": str(bq.Reason.POISON)}
+        return {"meta_id": "", "urn": "", "reason": str(bq.Reason.POISON)}, None
     wrapper = poison_wrapper(envelope)
     if wrapper is not None:  # the consumer's reason, kept beside the bytes it could not annotate
-        return {"meta_id": "", "urn": "", "reason": wrapper.reason}
+        return {"meta_id": "", "urn": "", "reason": wrapper.reason}, None
     block = envelope.get("dead_letter")
     reason = block.get("reason") if isinstance(block, dict) else None
-    return {"meta_id": bq.meta_id_of(envelope), "urn": bq.urn_of(envelope), "reason": reason}
+    return {"meta_id": bq.meta_id_of(envelope), "urn": bq.urn_of(envelope), "reason": reason}, envelope
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(expression: str) -> Any:
+    """The compiled JSONPath, once per process: a trigger judges the same expression on every poll."""
+    return rfc9535.compile(expression)
+
+
+def dead_letter_matches(chosen: MessageFilter, envelope: Mapping[str, Any] | None) -> bool:
+    """Whether a dead letter's URN and ``data`` pass ``chosen``, with :class:`MessageFilter`'s rules (URN
+    patterns, case-sensitive, any one matching; the JSONPath selecting at least one node of ``data``; both set,
+    both), but without its validity gate: a live consumer must not take an envelope that breaks a contract rule,
+    while the dead-letter queue is where such envelopes are kept, and the one quarantined as ``invalid_data`` is
+    still an order by its URN (``reasons`` is the filter on why it was dead-lettered). ``data`` that is not an
+    object reads as ``{}``. ``envelope`` ``None`` (a poison wrapper, an undecodable body) matches no active
+    filter: it has neither a URN nor ``data``.
+
+    :param chosen: the filter, already validated (its JSONPath compiled once when it was built).
+    :param envelope: the dead letter's inner envelope, as :func:`_read_dead_letter` returns it.
+    """
+    if not chosen.active:
+        return True
+    if envelope is None:
+        return False
+    if chosen.urns:
+        urn = bq.urn_of(envelope)
+        if not any(fnmatchcase(urn, pattern) for pattern in chosen.urns):
+            return False
+    if chosen.jsonpath is not None:
+        return _compiled(chosen.jsonpath).match(bq.data_of(envelope)) is not None
+    return True
 
 
 def dead_letter_status(
@@ -130,36 +168,50 @@ def dead_letter_status(
     min_count: int = 1,
     baseline: int | None = None,
     reasons: Sequence[str] | None = None,
-    urns: Sequence[str] | None = None,
+    urns: str | Sequence[str] | None = None,
+    jsonpath: str | None = None,
     sample_size: int = 5,
     browse_limit: int = 1000,
 ) -> DeadLetterStatus:
     """Have dead letters arrived?
 
     Without filters: matched when the DLQ depth is at least ``min_count`` — or, with a ``baseline``, when
-    it grew by at least ``min_count`` since the baseline was taken. With ``reasons``/``urns`` the first
-    ``browse_limit`` dead letters are read without removing them (where the broker can browse) and only
+    it grew by at least ``min_count`` since the baseline was taken. With ``reasons``/``urns``/``jsonpath`` the
+    first ``browse_limit`` dead letters are read without removing them (where the broker can browse) and only
     matching ones count (growth is then judged on the depth, the filter on the browsed messages).
 
+    :param reasons: ``dead_letter.reason`` values (exact); a dead letter counts when its reason is one of them.
+    :param urns: URN patterns (``fnmatch``, case-sensitive; an exact URN matches only itself), so one sensor can
+        watch a family of message types (``urn:babel:orders:*``).
+    :param jsonpath: an RFC 9535 query over the dead letter's ``data`` (the original payload); it counts when
+        the query selects something, so a sensor can wait for the failures that matter (``$[?$.amount > 100]``).
+    :param browse_limit: how many dead letters a filtered check reads at most, which bounds each poll's cost.
+    :raises ValueError: for an invalid URN pattern or JSONPath (the message names the expression).
     :raises NotSupportedError: for filters on a broker that cannot browse its DLQ.
     """
     if min_count < 1:
         raise ValueError(f"min_count must be at least 1, got {min_count}")
+    chosen = message_filter(urns, jsonpath)
     depth = binding.dead_letter_depth(queue_name)
-    filtered = bool(reasons or urns)
+    filtered = bool(reasons) or chosen.active
     sample: list[dict[str, Any]] = []
     matching = depth
     if filtered or (sample_size > 0 and binding.can_browse):
         if filtered and not binding.can_browse:
             raise NotSupportedError(
-                f"filtering dead letters by reason or URN needs a broker that can browse its dead-letter queue; "
-                f"the {binding.name} binding cannot"
+                f"filtering dead letters by reason, URN or JSONPath needs a broker that can browse its dead-letter "
+                f"queue without removing messages; the {binding.name} binding cannot (without filters the whole "
+                f"dead-letter queue's depth counts)"
             )
-        entries = [_sample_entry(m) for m in binding.browse_dead_letters(queue_name, browse_limit)]
+        read = [_read_dead_letter(m) for m in binding.browse_dead_letters(queue_name, browse_limit)]
         if filtered:
-            entries = [e for e in entries if (not reasons or e["reason"] in reasons) and (not urns or e["urn"] in urns)]
-            matching = len(entries)
-        sample = entries[: max(sample_size, 0)]
+            read = [
+                (entry, envelope)
+                for entry, envelope in read
+                if (not reasons or entry["reason"] in reasons) and dead_letter_matches(chosen, envelope)
+            ]
+            matching = len(read)
+        sample = [entry for entry, _ in read[: max(sample_size, 0)]]
     if baseline is not None:
         matched = depth - baseline >= min_count and matching > 0
     else:

@@ -1,7 +1,9 @@
 """Sensors: queue depth and dead-letter arrival, for any BabelQueue connection.
 
-Both run the pure checks of :mod:`airflow_provider_babelqueue.checks` in ``poke``; with ``deferrable=True``
-they check once and then hand the wait to a trigger that runs the very same check in the triggerer.
+Both run the pure checks of :mod:`airflow_provider_babelqueue.engine.checks` in ``poke``; with ``deferrable=True``
+they check once and then hand the wait to a trigger that runs the very same check in the triggerer. The
+dead-letter sensor can filter by reason, URN pattern and a JSONPath over ``data``; the depth sensor counts every
+message (a filter there would have to read the ready messages, which no broker does without taking them).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue, conf
 
 from ..bindings.base import BindingError
 from ..engine.checks import dead_letter_status, depth_status, validate_depth_args
+from ..engine.filters import MessageFilter, message_filter
 from ..hooks import DEFAULT_CONN_ID, get_hook
+from ..operators._params import is_template, is_unset, parse_list
 from ..triggers.queue import BabelQueueDeadLetterTrigger, BabelQueueDepthTrigger
 
 __all__ = ["BabelQueueDeadLetterSensor", "BabelQueueQueueDepthSensor"]
@@ -22,6 +26,20 @@ __all__ = ["BabelQueueDeadLetterSensor", "BabelQueueQueueDepthSensor"]
 
 def _default_deferrable() -> bool:
     return conf.getboolean("operators", "default_deferrable", fallback=False)
+
+
+def _templated(value: Any) -> bool:
+    """Whether ``value`` (or an item of it) is still an unrendered template: it is checked once rendered."""
+    if isinstance(value, list | tuple | set | frozenset):
+        return any(is_template(item) for item in value)
+    return is_template(value)
+
+
+def _filter_of(urns: Any, jsonpath: Any) -> MessageFilter:
+    """The rendered ``urns`` / ``jsonpath`` as a filter: a list or its JSON or comma-separated text, and ``None``,
+    ``""`` or ``"None"`` (an unset ``params`` entry) for "no restriction". ``ValueError`` names an invalid
+    pattern or JSONPath."""
+    return message_filter(parse_list(urns, "urns") or None, None if is_unset(jsonpath) else jsonpath)
 
 
 class _BabelQueueSensor(BaseSensorOperator):
@@ -66,6 +84,10 @@ class _BabelQueueSensor(BaseSensorOperator):
 
 class BabelQueueQueueDepthSensor(_BabelQueueSensor):
     """Waits until a queue's depth satisfies a comparison; the observed depth goes to XCom.
+
+    The depth counts every message, whatever its URN or ``data``: a filter would have to read the ready messages,
+    which no broker does without taking them. To react to matching messages use ``BabelQueueMessageTrigger``
+    (``urns``, ``jsonpath``); to count matching dead letters, ``BabelQueueDeadLetterSensor``.
 
     :param babelqueue_conn_id: the BabelQueue connection (templated); its type picks the broker.
     :param queue_name: the queue to watch (templated).
@@ -173,12 +195,18 @@ class BabelQueueDeadLetterSensor(_BabelQueueSensor):
         the baseline). Reschedule mode cannot keep that baseline between pokes: pass ``baseline`` there.
     :param baseline: an explicit starting depth (e.g. pulled from an earlier task); growth over it counts.
     :param reasons: only dead letters with one of these ``dead_letter.reason`` values count (templated).
-    :param urns: only dead letters with one of these URNs count (templated).
+    :param urns: only dead letters whose URN matches one of these shell-style patterns count (templated):
+        ``urn:babel:orders:*`` watches a family of message types; an exact URN matches only itself
+        (``fnmatch``, case-sensitive).
+    :param jsonpath: only dead letters whose ``data`` (the original payload) this RFC 9535 query selects something
+        in count (templated), so the wait ends for the failures that matter: ``$[?$.amount > 100]``. A poison
+        body has no ``data`` and never matches. An invalid expression fails when the DAG is parsed (a templated
+        one when the task runs). Filters need a broker that can browse its DLQ (SQL, Redis, Azure Service Bus).
     :param sample_size: how many entries the XCom sample holds.
     :param deferrable: free the worker slot while waiting; defaults to ``[operators] default_deferrable``.
     """
 
-    template_fields: Sequence[str] = ("babelqueue_conn_id", "queue_name", "reasons", "urns", "baseline")
+    template_fields: Sequence[str] = ("babelqueue_conn_id", "queue_name", "reasons", "urns", "jsonpath", "baseline")
     ui_color = "#f8e8e8"
 
     def __init__(
@@ -190,7 +218,8 @@ class BabelQueueDeadLetterSensor(_BabelQueueSensor):
         new_only: bool = False,
         baseline: int | None = None,
         reasons: Sequence[str] | None = None,
-        urns: Sequence[str] | None = None,
+        urns: str | Sequence[str] | None = None,
+        jsonpath: str | None = None,
         sample_size: int = 5,
         deferrable: bool | None = None,
         **kwargs: Any,
@@ -213,6 +242,9 @@ class BabelQueueDeadLetterSensor(_BabelQueueSensor):
         self.baseline = baseline
         self.reasons = reasons
         self.urns = urns
+        self.jsonpath = jsonpath
+        if not _templated(urns) and not _templated(jsonpath):
+            _filter_of(urns, jsonpath)  # an invalid pattern or JSONPath fails when the DAG is parsed
         self.sample_size = sample_size
         self._start_depth: int | None = None
 
@@ -226,14 +258,20 @@ class BabelQueueDeadLetterSensor(_BabelQueueSensor):
             self.log.info("baseline for %s: %d dead letters already there", self.queue_name, self._start_depth)
         return self._start_depth
 
+    def _filters(self) -> tuple[list[str] | None, MessageFilter]:
+        """The rendered filters: the reasons (``None``: any) and the URN/JSONPath filter."""
+        return parse_list(self.reasons, "reasons") or None, _filter_of(self.urns, self.jsonpath)
+
     def _status(self, baseline: int | None) -> Any:
+        reasons, chosen = self._filters()
         return dead_letter_status(
             self.binding,
             self.queue_name,
             min_count=self.min_count,
             baseline=baseline,
-            reasons=list(self.reasons) if self.reasons else None,
-            urns=list(self.urns) if self.urns else None,
+            reasons=reasons,
+            urns=chosen.urns,
+            jsonpath=chosen.jsonpath,
             sample_size=self.sample_size,
         )
 
@@ -243,6 +281,9 @@ class BabelQueueDeadLetterSensor(_BabelQueueSensor):
         return PokeReturnValue(is_done=status.matched, xcom_value=status.as_dict())
 
     def execute(self, context: Context) -> Any:
+        reasons, chosen = self._filters()
+        if chosen.active or reasons:
+            self.log.info("dead letters of %s count when %s", self.queue_name, self._describe(reasons, chosen))
         try:
             if not self.deferrable:
                 return super().execute(context)
@@ -259,14 +300,22 @@ class BabelQueueDeadLetterSensor(_BabelQueueSensor):
                 min_count=self.min_count,
                 baseline=baseline,
                 since_start=False,
-                reasons=list(self.reasons) if self.reasons else None,
-                urns=list(self.urns) if self.urns else None,
+                reasons=reasons,
+                urns=list(chosen.urns) or None,
+                jsonpath=chosen.jsonpath,
                 sample_size=self.sample_size,
                 poll_interval=self._poll_interval(),
             ),
             method_name="execute_complete",
             timeout=self._defer_timeout(),
         )
+
+    @staticmethod
+    def _describe(reasons: list[str] | None, chosen: MessageFilter) -> str:
+        parts = [f"reason in {', '.join(reasons)}"] if reasons else []
+        if chosen.active:
+            parts.append(chosen.describe())
+        return " and ".join(parts)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         value = self._event_value(event)

@@ -15,13 +15,19 @@ from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 from ..bindings.base import Binding
 from ..engine.checks import dead_letter_status, depth_status, validate_depth_args
+from ..engine.filters import message_filter
 from ..hooks import DEFAULT_CONN_ID
 from .thread import BrokerThread
 
 __all__ = ["BabelQueueDeadLetterTrigger", "BabelQueueDepthTrigger"]
 
+
 class BabelQueueDepthTrigger(BaseTrigger):
     """Fires once when a queue's depth satisfies a comparison (see ``BabelQueueQueueDepthSensor``).
+
+    The depth is the broker's count of every message, unfiltered: judging URNs or ``data`` would mean reading
+    the ready messages, which no binding does without taking them. ``BabelQueueMessageTrigger`` reacts to the
+    messages a filter matches.
 
     :param queue_name: the logical queue whose depth is watched.
     :param babelqueue_conn_id: the BabelQueue connection; the triggerer resolves it, never the DAG parser.
@@ -129,7 +135,13 @@ class BabelQueueDeadLetterTrigger(BaseEventTrigger):
         after the start); ``False`` (default) fires as soon as the DLQ holds ``min_count`` messages.
     :param reasons: only dead letters with one of these ``dead_letter.reason`` values count (needs a broker
         that can browse its DLQ).
-    :param urns: only dead letters with one of these URNs count (same condition).
+    :param urns: only dead letters whose URN matches one of these shell-style patterns count (``fnmatch``,
+        case-sensitive; an exact URN matches only itself), so one watcher covers a family of message types
+        (same condition).
+    :param jsonpath: only dead letters whose ``data`` (the original payload) this RFC 9535 query selects something
+        in count, so a watcher fires for the failures that matter, e.g. ``$[?$.amount > 100]`` (same
+        condition). A poison body has no ``data`` and never matches. Checked when the trigger is built: an
+        invalid expression fails where the DAG is parsed, not in the triggerer.
     :param sample_size: how many ``{meta_id, urn, reason}`` entries the event carries.
     :param poll_interval: seconds between checks; the binding's client is reused between them.
     """
@@ -143,7 +155,8 @@ class BabelQueueDeadLetterTrigger(BaseEventTrigger):
         baseline: int | None = None,
         since_start: bool = False,
         reasons: Sequence[str] | None = None,
-        urns: Sequence[str] | None = None,
+        urns: str | Sequence[str] | None = None,
+        jsonpath: str | None = None,
         sample_size: int = 5,
         poll_interval: float = 30.0,
         **kwargs: Any,
@@ -151,13 +164,15 @@ class BabelQueueDeadLetterTrigger(BaseEventTrigger):
         super().__init__(**kwargs)
         if min_count < 1:
             raise ValueError(f"min_count must be at least 1, got {min_count}")
+        chosen = message_filter(urns, jsonpath)  # an invalid pattern or JSONPath fails where the DAG is parsed
         self.babelqueue_conn_id = babelqueue_conn_id
         self.queue_name = queue_name
         self.min_count = min_count
         self.baseline = baseline
         self.since_start = since_start
         self.reasons = list(reasons) if reasons else None
-        self.urns = list(urns) if urns else None
+        self.urns = list(chosen.urns) or None
+        self.jsonpath = chosen.jsonpath
         self.sample_size = sample_size
         self.poll_interval = poll_interval
 
@@ -172,6 +187,7 @@ class BabelQueueDeadLetterTrigger(BaseEventTrigger):
                 "since_start": self.since_start,
                 "reasons": self.reasons,
                 "urns": self.urns,
+                "jsonpath": self.jsonpath,
                 "sample_size": self.sample_size,
                 "poll_interval": self.poll_interval,
             },
@@ -185,6 +201,7 @@ class BabelQueueDeadLetterTrigger(BaseEventTrigger):
             baseline=baseline,
             reasons=self.reasons,
             urns=self.urns,
+            jsonpath=self.jsonpath,
             sample_size=self.sample_size,
         )
 

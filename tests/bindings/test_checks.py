@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from airflow_provider_babelqueue import envelope as bq
@@ -103,3 +105,75 @@ def test_a_poison_wrapper_is_sampled_with_the_reason_its_consumer_gave() -> None
     status = dead_letter_status(binding, "orders", reasons=["failed"])
     assert status.matching == 1 and [entry["reason"] for entry in status.sample] == ["failed"]
     assert dead_letter_status(binding, "orders", reasons=["poison"]).matching == 1
+
+
+def seed_orders_and_others(binding: Binding, queue_name: str) -> dict[str, str]:
+    """Six dead letters of different URNs and data, named by what they are; the values are their ``meta.id``."""
+    ids: dict[str, str] = {}
+    for name, urn, data, reason in (
+        ("big_order", "urn:babel:orders:created", {"amount": 150}, "failed"),
+        ("small_order", "urn:babel:orders:created", {"amount": 50}, "failed"),
+        ("big_refund", "urn:babel:orders:refunded", {"amount": 500}, "unknown_urn"),
+        ("big_charge", "urn:babel:billing:charged", {"amount": 900}, "failed"),
+    ):
+        binding.publish(bq.encode(bq.make_envelope(urn, data, queue_name=queue_name)), queue_name)
+        message = binding.reserve(queue_name, timeout=5)
+        assert message is not None
+        binding.dead_letter(message, reason)
+        ids[name] = message.meta_id
+    # an order quarantined because its data is a list: it breaks a contract rule, yet it is an order by its URN
+    broken = bq.make_envelope("urn:babel:orders:created", {"amount": 999}, queue_name=queue_name) | {"data": [999]}
+    binding.publish(json.dumps(broken).encode(), queue_name)
+    message = binding.reserve(queue_name, timeout=5)
+    assert message is not None
+    binding.dead_letter(message, "invalid_data")
+    ids["invalid_order"] = message.meta_id
+    binding.publish(b"\xff poison", queue_name)  # no URN, no data: never matches a URN or JSONPath filter
+    message = binding.reserve(queue_name, timeout=5)
+    assert message is not None
+    binding.dead_letter(message, "poison")
+    return ids
+
+
+def test_dead_letter_filters_by_urn_pattern_and_jsonpath(binding: Binding, queue_name: str) -> None:
+    ids = seed_orders_and_others(binding, queue_name)
+    if not binding.can_browse:
+        with pytest.raises(NotSupportedError, match="reason, URN or JSONPath needs a broker that can browse"):
+            dead_letter_status(binding, queue_name, jsonpath="$[?$.amount > 100]")
+        with pytest.raises(NotSupportedError, match="needs a broker that can browse"):
+            dead_letter_status(binding, queue_name, urns=["urn:babel:orders:*"])
+        assert dead_letter_status(binding, queue_name).matching == 6  # unfiltered: the depth
+        return
+
+    def matching(**filters: object) -> tuple[int, int, list[str]]:
+        status = dead_letter_status(binding, queue_name, sample_size=10, **filters)  # type: ignore[arg-type]
+        names = {meta_id: name for name, meta_id in ids.items()}
+        return status.depth, status.matching, [names.get(e["meta_id"], e["reason"]) for e in status.sample]
+
+    both = matching(urns=["urn:babel:orders:*"], jsonpath="$[?$.amount > 100]")
+    assert both == (6, 2, ["big_order", "big_refund"])
+    assert matching(urns=["urn:babel:orders:*"]) == (6, 4, ["big_order", "small_order", "big_refund", "invalid_order"])
+    assert matching(jsonpath="$[?$.amount > 100]") == (6, 3, ["big_order", "big_refund", "big_charge"])
+    # an exact URN is a pattern that matches only itself; the invalid envelope still counts by its URN
+    assert matching(urns=["urn:babel:orders:created"]) == (6, 3, ["big_order", "small_order", "invalid_order"])
+    assert matching(urns="urn:babel:billing:charged")[1:] == (1, ["big_charge"])
+    assert matching(urns=["URN:BABEL:ORDERS:*"])[1] == 0  # case-sensitive
+    assert matching(jsonpath="$.coupon")[1] == 0  # a field no dead letter has
+    assert matching(reasons=["failed"], urns=["urn:babel:orders:*"], jsonpath="$[?$.amount > 100]")[1:] == (
+        1, ["big_order"])
+    assert matching(reasons=["poison"])[1:] == (1, ["poison"])
+    assert matching(reasons=["poison"], jsonpath="$")[1] == 0  # a poison body has no data for any JSONPath
+    status = dead_letter_status(binding, queue_name, urns=["urn:babel:orders:*"], jsonpath="$[?$.amount > 100]",
+                                min_count=3)
+    assert (status.matched, status.depth, status.matching) == (False, 6, 2)
+    grown = dead_letter_status(binding, queue_name, baseline=5, jsonpath="$[?$.amount > 100]")
+    assert (grown.matched, grown.matching) == (True, 3)
+
+
+def test_an_invalid_jsonpath_is_refused_before_the_broker_is_asked() -> None:
+    from airflow_provider_babelqueue.bindings.memory import MemoryBinding
+
+    with pytest.raises(ValueError, match=r"The JSONPath filter '\$\[\?amount' is not valid RFC 9535"):
+        dead_letter_status(MemoryBinding(), "orders", jsonpath="$[?amount")
+    with pytest.raises(ValueError, match="non-empty string pattern"):
+        dead_letter_status(MemoryBinding(), "orders", urns=[""])

@@ -58,11 +58,38 @@ def test_dead_letter_trigger_round_trip() -> None:
         baseline=5,
         since_start=False,
         reasons=["failed"],
-        urns=["u"],
+        urns=["urn:babel:orders:*", "urn:babel:billing:charged"],
+        jsonpath="$[?$.amount > 100]",
         sample_size=3,
         poll_interval=9,
     )
-    assert rebuild(trigger).serialize() == trigger.serialize()
+    again = rebuild(trigger)
+    assert again.serialize() == trigger.serialize()
+    kwargs = trigger.serialize()[1]
+    assert (kwargs["urns"], kwargs["jsonpath"]) == (["urn:babel:orders:*", "urn:babel:billing:charged"],
+                                                    "$[?$.amount > 100]")
+    assert again.jsonpath == "$[?$.amount > 100]"  # type: ignore[attr-defined]
+
+
+def test_dead_letter_trigger_serialised_before_jsonpath_still_deserializes() -> None:
+    """A trigger row written by the previous release (no ``jsonpath`` key) must load in the upgraded triggerer."""
+    old_kwargs = {"queue_name": "orders", "babelqueue_conn_id": "c", "min_count": 1, "baseline": 2,
+                  "since_start": False, "reasons": ["failed"], "urns": ["urn:babel:orders:created"],
+                  "sample_size": 5, "poll_interval": 30.0}
+    trigger = BabelQueueDeadLetterTrigger(**old_kwargs)  # type: ignore[arg-type]
+    assert trigger.serialize()[1] == old_kwargs | {"jsonpath": None}
+    assert trigger.urns == ["urn:babel:orders:created"]
+
+
+@pytest.mark.parametrize(("bad", "message"), [
+    ({"jsonpath": "$[?amount"}, r"The JSONPath filter '\$\[\?amount' is not valid RFC 9535"),
+    ({"jsonpath": "$.items[?@.qty >"}, r"'\$\.items\[\?@\.qty >' is not valid RFC 9535"),
+    ({"jsonpath": " "}, "A JSONPath filter must be a non-empty string"),
+    ({"urns": [""]}, "A URN filter must be a non-empty string pattern"),
+])
+def test_dead_letter_trigger_refuses_bad_filters_when_the_dag_is_parsed(bad: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        BabelQueueDeadLetterTrigger(queue_name="orders", **bad)  # type: ignore[arg-type]
 
 
 def test_bad_trigger_arguments() -> None:
