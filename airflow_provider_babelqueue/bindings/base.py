@@ -540,6 +540,26 @@ class Binding(abc.ABC):
         """
         self.release_many(messages, delay)
 
+    #: Why :meth:`hold` is impossible on this broker (a reservation belongs to the connection that made it).
+    held_reservations_note = "its reservations belong to the connection that made them"
+
+    def hold(self, messages: Sequence[ReceivedMessage], seconds: float) -> list[str]:
+        """Keep these fresh reservations for ``seconds`` (a DAG run's length, not the visibility timeout) and return
+        a receipt for each that another process can settle with :meth:`settle_held` (a task of the run).
+
+        Only brokers whose reservation is a record, not a connection's state, can: the SQL table (a row's mark),
+        SQS (a receipt handle). Others raise :class:`NotSupportedError` saying why.
+        """
+        raise NotSupportedError(f"the {self.name} binding cannot hand a reservation to another process: "
+                                f"{self.held_reservations_note}")
+
+    def settle_held(self, receipts: Sequence[str], *, succeeded: bool) -> None:
+        """Settle reservations :meth:`hold` returned, from any process: acked when ``succeeded``, else ready again at
+        once, bytes unchanged (the run failed, not the message; SQS counts the receive). A receipt whose reservation
+        is gone (settled already, or expired and handed out again) is left alone."""
+        raise NotSupportedError(f"the {self.name} binding cannot settle a reservation from another process: "
+                                f"{self.held_reservations_note}")
+
     def browse_dead_letters(self, queue_name: str, limit: int = 100) -> list[ReceivedMessage]:
         """Read up to ``limit`` DLQ messages without removing them."""
         raise NotSupportedError(f"the {self.name} binding cannot browse a dead-letter queue without removing")

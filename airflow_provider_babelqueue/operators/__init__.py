@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from .drain import BabelQueueDrainDeadLettersOperator
     from .publish import BabelQueuePublishOperator
     from .replay import BabelQueueReplayOperator
+    from .settle import BabelQueueSettleRunOperator
     from .spark import BabelQueueSparkTriageOperator
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "BabelQueueDrainDeadLettersOperator",
     "BabelQueuePublishOperator",
     "BabelQueueReplayOperator",
+    "BabelQueueSettleRunOperator",
     "BabelQueueSparkTriageOperator",
 ]
 
@@ -28,6 +30,7 @@ _MODULES = {
     "BabelQueueDrainDeadLettersOperator": "drain",
     "BabelQueuePublishOperator": "publish",
     "BabelQueueReplayOperator": "replay",
+    "BabelQueueSettleRunOperator": "settle",
     "BabelQueueSparkTriageOperator": "spark",
 }
 

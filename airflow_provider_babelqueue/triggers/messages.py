@@ -39,8 +39,8 @@ from ..engine.filters import MessageFilter, message_filter
 from ..hooks import DEFAULT_CONN_ID
 from .thread import BrokerThread
 
-__all__ = ["DEFAULT_MAX_EVENT_BYTES", "BabelQueueMessageTrigger", "MessageProducer", "envelopes_from",
-           "event_entries"]
+__all__ = ["DEFAULT_MAX_EVENT_BYTES", "EVENT_STORED", "RUN_FINISHED", "BabelQueueMessageTrigger", "MessageProducer",
+           "envelopes_from", "event_entries", "held_receipts"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,11 @@ DEFAULT_MAX_EVENT_BYTES = 64 * 1024
 #: Messages reserved and not yet settled, at most: when the metadata database is slow to confirm, the producer
 #: waits instead of reserving the whole queue.
 DEFAULT_MAX_PENDING = 1000
+#: ``settle`` values: a message is settled once its event is stored (every broker), or by the run it started.
+EVENT_STORED, RUN_FINISHED = "event_stored", "run_finished"
+#: How long a message held for its run stays reserved (``settle="run_finished"``): a run longer than this has its
+#: message handed out again.
+DEFAULT_RUN_TIMEOUT = 3600.0
 #: How :meth:`BabelQueueMessageTrigger.run` (outside a shared stream) reports an event its caller took.
 _TAKEN = AdvanceOutcome(acked=1, failed=0)
 
@@ -106,6 +111,21 @@ def envelopes_from(triggering_asset_events: Mapping[Any, Iterable[Any]] | None) 
     return out
 
 
+def held_receipts(triggering_asset_events: Mapping[Any, Iterable[Any]] | None) -> dict[str, list[str]]:
+    """Connection id → receipts of the messages a run was started for with ``settle="run_finished"``, for
+    :meth:`~..bindings.base.Binding.settle_held` (what ``BabelQueueSettleRunOperator`` does)."""
+    out: dict[str, list[str]] = {}
+    for events in (triggering_asset_events or {}).values():
+        for event in events:
+            extra = getattr(event, "extra", None) or {}
+            payload = extra.get("payload") if isinstance(extra, Mapping) else None
+            if not isinstance(payload, Mapping) or payload.get("settle") != RUN_FINISHED:
+                continue
+            receipts = [entry["receipt"] for entry in payload.get("messages") or () if entry.get("receipt")]
+            out.setdefault(str(payload.get("babelqueue_conn_id")), []).extend(receipts)
+    return out
+
+
 def _split(messages: Sequence[ReceivedMessage], chosen: MessageFilter
            ) -> tuple[list[ReceivedMessage], list[ReceivedMessage], list[tuple[ReceivedMessage, str]]]:
     """(taken, handed back, to dead-letter with a reason) for a reserved batch."""
@@ -144,6 +164,8 @@ class MessageProducer(SharedStreamProducer):
         self.reserve_timeout = float(kwargs.get("reserve_timeout", 5.0))
         self.unmatched_delay = float(kwargs.get("unmatched_delay", 5.0))
         self.max_pending = int(kwargs.get("max_pending") or DEFAULT_MAX_PENDING)
+        self.settle = str(kwargs.get("settle") or EVENT_STORED)
+        self.run_timeout = float(kwargs.get("run_timeout") or DEFAULT_RUN_TIMEOUT)
         self._broker: BrokerThread | None = None
         self._pending = 0
         self._room = asyncio.Event()
@@ -172,11 +194,15 @@ class MessageProducer(SharedStreamProducer):
             if invalid or too_large:
                 await self.broker.call(_dead_letter, invalid, too_large, self.max_event_bytes)
             for group in groups:
-                messages = [message for message, _ in group]
+                messages: list[Any] = [message for message, _ in group]
+                if self.settle == RUN_FINISHED:  # the run settles them: held for its length, receipts in the event
+                    messages = await self.broker.call(_hold, messages, self.run_timeout)
+                    for (_, entry), receipt in zip(group, messages, strict=True):
+                        entry["receipt"] = receipt
                 self._pending += len(messages)
                 if self._pending >= self.max_pending:
                     self._room.clear()
-                payload = {"queue_name": self.queue_name, "babelqueue_conn_id": self.conn_id,
+                payload = {"queue_name": self.queue_name, "babelqueue_conn_id": self.conn_id, "settle": self.settle,
                            "count": len(group), "messages": [entry for _, entry in group]}
                 yield payload, messages
 
@@ -186,7 +212,11 @@ class MessageProducer(SharedStreamProducer):
         if failed:
             logger.warning("%d message(s) of %s had no stored event (ack timeout or a subscriber fell behind): "
                            "handed back for another event", len(failed), self.queue_name)
-        await self.broker.call(_settle, stored, failed)
+        if self.settle == RUN_FINISHED:  # stored: the run settles them; not stored: back for another event
+            if failed:
+                await self.broker.call(_settle_held, failed)
+        else:
+            await self.broker.call(_settle, stored, failed)
         self._pending -= len(stored) + len(failed)
         if self._pending < self.max_pending:
             self._room.set()
@@ -209,6 +239,14 @@ def _settle(binding: Binding, stored: list[ReceivedMessage], failed: list[Receiv
         binding.hand_back(failed)
     if stored:
         binding.settle(stored, ())
+
+
+def _hold(binding: Binding, messages: list[ReceivedMessage], seconds: float) -> list[str]:
+    return binding.hold(messages, seconds)
+
+
+def _settle_held(binding: Binding, receipts: list[str]) -> None:
+    binding.settle_held(receipts, succeeded=False)
 
 
 def _dead_letter(binding: Binding, invalid: list[tuple[ReceivedMessage, str]],
@@ -242,6 +280,11 @@ class BabelQueueMessageTrigger(BaseEventTrigger):
     :param unmatched_delay: seconds a message the filter did not take stays hidden before it is ready again (so
         this reader does not take it back at once; other readers get it after the delay too).
     :param max_pending: messages reserved and not yet settled, at most (their events wait to be stored).
+    :param settle: ``event_stored`` (default, every broker): a message is acked once its event is stored.
+        ``run_finished`` (SQL and SQS, whose reservations another process can settle): the message stays reserved
+        for ``run_timeout`` seconds and the run's ``BabelQueueSettleRunOperator`` acks it when the run succeeded or
+        hands it back when it failed, so a failed run's message starts another run.
+    :param run_timeout: with ``settle="run_finished"``, how long a message waits for its run to settle it.
     """
 
     def __init__(
@@ -256,9 +299,15 @@ class BabelQueueMessageTrigger(BaseEventTrigger):
         reserve_timeout: float = 5.0,
         unmatched_delay: float = 5.0,
         max_pending: int = DEFAULT_MAX_PENDING,
+        settle: str = EVENT_STORED,
+        run_timeout: float = DEFAULT_RUN_TIMEOUT,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if settle not in (EVENT_STORED, RUN_FINISHED):
+            raise ValueError(f"settle must be {EVENT_STORED!r} or {RUN_FINISHED!r}, got {settle!r}")
+        if not 0 < run_timeout < float("inf"):
+            raise ValueError(f"run_timeout must be a positive number of seconds, got {run_timeout!r}")
         chosen = message_filter(urns, jsonpath)  # an invalid JSONPath fails where the DAG is parsed
         for name, value in (("batch_size", batch_size), ("max_event_bytes", max_event_bytes),
                             ("max_pending", max_pending)):
@@ -275,6 +324,8 @@ class BabelQueueMessageTrigger(BaseEventTrigger):
         self.reserve_timeout = reserve_timeout
         self.unmatched_delay = unmatched_delay
         self.max_pending = max_pending
+        self.settle = settle
+        self.run_timeout = run_timeout
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -289,13 +340,15 @@ class BabelQueueMessageTrigger(BaseEventTrigger):
                 "reserve_timeout": self.reserve_timeout,
                 "unmatched_delay": self.unmatched_delay,
                 "max_pending": self.max_pending,
+                "settle": self.settle,
+                "run_timeout": self.run_timeout,
             },
         )
 
     def shared_stream_key(self) -> Hashable:
         """Everything the reader does: triggers equal in all of it share one reader and see the same events."""
         return ("babelqueue-messages", self.babelqueue_conn_id, self.queue_name, tuple(self.urns or ()),
-                self.jsonpath, self.batch_size, self.max_event_bytes)
+                self.jsonpath, self.batch_size, self.max_event_bytes, self.settle)
 
     @classmethod
     def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SharedStreamProducer:

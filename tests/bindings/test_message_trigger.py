@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -26,9 +27,10 @@ from airflow.triggers.shared_stream import SharedStreamManager
 
 from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.bindings.base import Binding, ReceivedMessage
+from airflow_provider_babelqueue.core.errors import NotSupportedError
 from airflow_provider_babelqueue.core.peer import poison_wrapper
 from airflow_provider_babelqueue.triggers import thread as trigger_thread
-from airflow_provider_babelqueue.triggers.messages import BabelQueueMessageTrigger, event_entries
+from airflow_provider_babelqueue.triggers.messages import BabelQueueMessageTrigger, event_entries, held_receipts
 from tests.bindings.conftest import Factory
 
 URN = "urn:babel:orders:created"
@@ -250,3 +252,43 @@ def test_event_entries_bound_each_event() -> None:
     groups, too_large = event_entries(messages, batch_size=2, max_event_bytes=600)
     assert [[entry["meta_id"] for _, entry in group] for group in groups] == [["0", "1"], ["2"], ["3"]]
     assert [(m.envelope or {})["meta"]["id"] for m, _ in too_large] == ["4"]
+
+
+#: Where another process (a task of the run) can settle a reservation: ``settle="run_finished"`` applies.
+SETTLED_BY_RUN = {"sql", "sqs"}
+
+
+def test_run_finished_messages_wait_for_their_run(hooks: Callable[[], Binding], queue_name: str) -> None:
+    """``settle="run_finished"``: stored events leave their messages held; the run acks a success and hands a
+    failure back, which then makes a new event (where the broker allows it; elsewhere the trigger says why not)."""
+    binding = hooks()
+    bodies = envelope_bodies(queue_name, [URN] * 3)
+    binding.publish_batch(bodies, queue_name)
+    trigger = trigger_for(queue_name, settle="run_finished", run_timeout=120)
+    if binding.name not in SETTLED_BY_RUN:
+        with pytest.raises(NotSupportedError, match="cannot hand a reservation to another process"):
+            asyncio.run(run_trigger(trigger, 3, within=20))
+        return
+    events = asyncio.run(run_trigger(trigger, 3))
+    assert meta_ids(events) == [bq.meta_id_of(bq.decode(b)) for b in bodies]
+    receipts = held_receipts({"asset": [SimpleNamespace(extra={"payload": e}) for e in events]})
+    assert list(receipts) == ["bq_test"] and len(receipts["bq_test"]) == 3
+    # stored, yet not settled: nobody else gets them (held for the run, past the 1 s visibility timeout)
+    time.sleep(1.5)
+    assert binding.reserve_many(queue_name, 10, timeout=0.5) == []
+    held = receipts["bq_test"]
+    binding.settle_held(held[:2], succeeded=True)  # that run succeeded
+    binding.settle_held(held[2:], succeeded=False)  # this one failed: its message comes back at once, unchanged
+    again = asyncio.run(run_trigger(trigger_for(queue_name), 1))
+    assert meta_ids(again) == [bq.meta_id_of(bq.decode(bodies[2]))]
+    assert drain(binding, queue_name) == []
+    binding.settle_held(held, succeeded=True)  # settled or handed out since: left alone
+
+
+def test_a_run_succeeded_when_every_other_task_succeeded_or_was_skipped() -> None:
+    from airflow_provider_babelqueue.operators.settle import run_succeeded
+
+    assert run_succeeded({"work": "success", "notify": "skipped", "settle": "running"}, "settle")
+    assert not run_succeeded({"work": "failed", "settle": "running"}, "settle")
+    assert not run_succeeded({"work": "upstream_failed", "settle": "running"}, "settle")
+    assert not run_succeeded({"work": None, "settle": "running"}, "settle")  # never ran: not a success

@@ -183,3 +183,97 @@ def test_no_message_is_lost_while_the_triggerer_is_killed(tmp_path: Path, monkey
         stop_publishing.set()
         for binding in bindings.values():
             binding.close()
+
+
+RUN_FINISHED_DAG = """
+import json
+from pathlib import Path
+
+from airflow.sdk import DAG, Asset, AssetWatcher, task
+
+from airflow_provider_babelqueue.operators import BabelQueueSettleRunOperator
+from airflow_provider_babelqueue.triggers import BabelQueueMessageTrigger
+from airflow_provider_babelqueue.triggers.messages import envelopes_from
+
+for broker, queue in {queues!r}.items():
+    watcher = AssetWatcher(name=f"run_settled_{{broker}}", trigger=BabelQueueMessageTrigger(
+        babelqueue_conn_id=f"bq_{{broker}}", queue_name=queue, reserve_timeout=1, settle="run_finished",
+        run_timeout=600))
+    asset = Asset(f"babelqueue://bq_{{broker}}/{{queue}}", watchers=[watcher])
+    with DAG(f"bq_run_settled_{{broker}}", schedule=[asset], max_active_runs=1) as dag:
+
+        @task
+        def work(broker=broker, triggering_asset_events=None, run_id=None):
+            envelopes = envelopes_from(triggering_asset_events)
+            out = Path({out!r}) / broker
+            out.mkdir(exist_ok=True)
+            failing = [e for e in envelopes if e["data"].get("fail_once")
+                       and not (out / ("failed-" + e["meta"]["id"])).exists()]
+            for e in failing:
+                (out / ("failed-" + e["meta"]["id"])).touch()
+            (out / (run_id.replace(":", "_").replace("+", "_") + ".json")).write_text(json.dumps(
+                {{"ids": [e["meta"]["id"] for e in envelopes], "failed": bool(failing)}}))
+            if failing:
+                raise RuntimeError("this run fails: its messages must come back")
+
+        work() >> BabelQueueSettleRunOperator(task_id="settle")
+    globals()[f"dag_{{broker}}"] = dag
+"""
+
+
+def test_a_failed_run_hands_its_message_back_and_a_new_run_takes_it(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``settle="run_finished"`` on the brokers where a run can settle (SQLite, PostgreSQL, SQS): the run that fails
+    hands its message back, the next run succeeds with it; every message ends acked, once its run succeeded."""
+    out = tmp_path / "seen"
+    out.mkdir()
+    specs = {broker: spec for broker, spec in connections(tmp_path).items() if broker in ("sqlite", "postgresql")}
+    queues = {broker: f"e2e-run-{broker}-{uuid.uuid4().hex[:6]}" for broker in specs}
+    env: dict[str, str] = {}
+    for broker, spec in specs.items():
+        env.update(connection_env(f"bq_{broker}", spec))
+    bindings = {broker: binding_for(f"bq_{broker}", spec, monkeypatch) for broker, spec in specs.items()}
+    airflow = LocalAirflow(tmp_path, {"run_settled.py": RUN_FINISHED_DAG.format(queues=queues, out=str(out))}, env)
+
+    def runs(broker: str) -> list[dict[str, Any]]:
+        return [json.loads(path.read_text()) for path in sorted((out / broker).glob("*.json"))]
+
+    try:
+        with airflow:
+            reading, deadline = airflow.logs["triggerer"], time.monotonic() + 120
+            while not all(f"reading messages of {q}" in reading.read_text() for q in queues.values()):
+                assert time.monotonic() < deadline, airflow.tails()
+                airflow.check_alive()
+                time.sleep(1)
+            ids: dict[str, list[str]] = {}
+            for broker, binding in bindings.items():
+                envelopes = [bq.make_envelope("urn:babel:orders:created", {"n": n, "fail_once": n == 1},
+                                              queue_name=queues[broker]) for n in range(3)]
+                for envelope in envelopes:  # one at a time: each makes its own run
+                    binding.publish(bq.encode(envelope), queues[broker])
+                    time.sleep(4)
+                ids[broker] = [e["meta"]["id"] for e in envelopes]
+            deadline, ticks = time.monotonic() + 300, {broker: set() for broker in specs}
+            while time.monotonic() < deadline:
+                airflow.check_alive()
+                done = {b: {i for r in runs(b) if not r["failed"] for i in r["ids"]} for b in specs}
+                if all(set(ids[b]) <= done[b] for b in specs):
+                    break
+                time.sleep(4)
+                for broker, binding in bindings.items():  # the next event starts the run for any left waiting
+                    tick = bq.make_envelope("urn:babel:orders:created", {"tick": True}, queue_name=queues[broker])
+                    binding.publish(bq.encode(tick), queues[broker])
+                    ticks[broker].add(tick["meta"]["id"])
+            for broker, binding in bindings.items():
+                history = runs(broker)
+                failed = [r for r in history if r["failed"]]
+                # the failing message failed one run (with whatever Airflow put in that run beside it) ...
+                assert [ids[broker][1] in r["ids"] for r in failed] == [True], (broker, history, airflow.tails())
+                succeeded = [i for r in history if not r["failed"] for i in r["ids"] if i not in ticks[broker]]
+                # ... came back, and every message ends in exactly one successful run
+                assert sorted(succeeded) == sorted(ids[broker]), (broker, history)
+                left = binding.reserve_many(queues[broker], 10, timeout=0.5)  # all acked by their runs (but ticks)
+                assert {m.meta_id for m in left} <= ticks[broker], (broker, [m.meta_id for m in left])
+    finally:
+        for binding in bindings.values():
+            binding.close()

@@ -89,6 +89,7 @@ class AzureServiceBusBinding(Binding):
     peek reads without locking, removing or counting a delivery."""
 
     name = "azure-service-bus"
+    held_reservations_note = "a message lock belongs to the receiver that received it (the triggerer's)"
     client_loggers = ("azure", "uamqp")
     carries_headers = True
     can_browse = True

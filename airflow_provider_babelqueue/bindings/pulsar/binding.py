@@ -87,6 +87,7 @@ class PulsarBinding(Binding):
     """Persistent topics with one Shared subscription (see the module docstring). The DLQ cannot be browsed."""
 
     name = "pulsar"
+    held_reservations_note = "an unacknowledged message belongs to the consumer that received it (the triggerer's)"
     client_loggers = ("pulsar", CLIENT_LOGGER)
     carries_headers = True
     can_browse = False

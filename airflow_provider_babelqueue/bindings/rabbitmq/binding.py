@@ -119,6 +119,7 @@ class RabbitMQBinding(Binding):
     """Durable queues on the default exchange in the official SDKs' layout (see the module docstring)."""
 
     name = "rabbitmq"
+    held_reservations_note = "a delivery tag belongs to the channel that received it (the triggerer's)"
     client_loggers = ("pika",)
     carries_headers = True
     can_browse = False

@@ -266,6 +266,7 @@ class RedisBinding(Binding):
     """Queues as Redis lists in the official SDKs' legacy layout (see the module docstring)."""
 
     name = "redis"
+    held_reservations_note = "a reservation is settled by its exact stored value, which an event does not carry"
     client_loggers = ("redis",)
     can_browse = True
     carries_headers = False

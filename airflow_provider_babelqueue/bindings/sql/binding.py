@@ -652,6 +652,42 @@ class SqlBinding(Binding):
                 for start in range(0, len(ids), _BATCH_CHUNK):
                     conn.execute(statement, {"token": token, "due": due, "ids": ids[start:start + _BATCH_CHUNK]})
 
+    def hold(self, messages: Sequence[ReceivedMessage], seconds: float) -> list[str]:
+        """Mark the rows as reserved until ``seconds`` from now (a ``reserved_at`` in the future, so the visibility
+        timeout counts from there); a receipt is ``"<row id>:<mark>"``. Ready-table reservations only."""
+        if not messages:
+            return []
+        mark = time.time() + max(seconds, 0) - self.config.visibility_timeout
+        with self._guard("hold reservations", messages[0].queue_name), self._write() as conn:
+            for (table, token), ids in self._by_token(messages).items():
+                if table is not self._ready:
+                    raise BindingError("only reservations of ready messages can be held, not dead letters")
+                statement = self._cached_text(table, "UPDATE {t} SET reserved_at = :mark "
+                                                     "WHERE reserved_at = :token AND id IN :ids")
+                for start in range(0, len(ids), _BATCH_CHUNK):
+                    conn.execute(statement, {"mark": mark, "token": token, "ids": ids[start:start + _BATCH_CHUNK]})
+        return [f"{self._receipt(message).row_id}:{mark!r}" for message in messages]
+
+    def settle_held(self, receipts: Sequence[str], *, succeeded: bool) -> None:
+        """One transaction: the held rows deleted (``succeeded``) or un-reserved as they are, gated on their mark."""
+        groups: dict[float, list[int]] = {}
+        for receipt in receipts:
+            row_id, _, mark = receipt.partition(":")
+            try:
+                groups.setdefault(float(mark), []).append(int(row_id))
+            except ValueError:
+                raise BindingError(f"{receipt!r} is not a receipt of a held SQL reservation") from None
+        if not groups:
+            return
+        template = ("DELETE FROM {t} WHERE reserved_at = :token AND id IN :ids" if succeeded else
+                    "UPDATE {t} SET reserved_at = NULL, available_at = :now WHERE reserved_at = :token AND id IN :ids")
+        statement = self._cached_text(self._ready, template)
+        with self._guard("settle held reservations", self.config.table), self._write() as conn:
+            for token, ids in groups.items():
+                for start in range(0, len(ids), _BATCH_CHUNK):
+                    conn.execute(statement, {"token": token, "now": time.time(),
+                                             "ids": ids[start:start + _BATCH_CHUNK]})
+
     def settle(self, acks: Sequence[ReceivedMessage],
                releases: Sequence[tuple[ReceivedMessage, float]] = ()) -> None:
         """The releases (each with its own delay) and the acks in one transaction (see :meth:`_settle_in`)."""

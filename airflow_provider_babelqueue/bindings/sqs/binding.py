@@ -591,6 +591,36 @@ class SqsBinding(Binding):
                 logger.warning("SQS receipt on %s is no longer held (deleted, or expired and delivered again); "
                                "nothing was changed", receipt.QueueUrl)
 
+    def hold(self, messages: Sequence[ReceivedMessage], seconds: float) -> list[str]:
+        """Extend each message's visibility to ``seconds`` (at most 12 h); a receipt is the queue URL and the
+        receipt handle, on two lines."""
+        timeout = whole_seconds(seconds, MAX_VISIBILITY_TIMEOUT, "visibility timeout")
+        out = []
+        for message in messages:
+            receipt = _receipt(message)
+            self._call("hold a message of", receipt.QueueUrl, "change_message_visibility", **receipt._asdict(),
+                       VisibilityTimeout=timeout)
+            out.append(f"{receipt.QueueUrl}\n{receipt.ReceiptHandle}")
+        return out
+
+    def settle_held(self, receipts: Sequence[str], *, succeeded: bool) -> None:
+        """Delete each message (``succeeded``) or make it visible again at once; a receipt no longer valid (the
+        message was deleted, or handed out again) only logs a warning."""
+        for text in receipts:
+            url, _, handle = text.partition("\n")
+            if not url or not handle:
+                raise BindingError(f"{text!r} is not a receipt of a held SQS message")
+            try:
+                if succeeded:
+                    self._call("delete a message from", url, "delete_message", QueueUrl=url, ReceiptHandle=handle)
+                else:
+                    self._call("hand back a message to", url, "change_message_visibility", QueueUrl=url,
+                               ReceiptHandle=handle, VisibilityTimeout=0)
+            except BindingError as exc:
+                if error_code(exc.__cause__) not in ("ReceiptHandleIsInvalid", "MessageNotInflight"):
+                    raise
+                logger.warning("SQS receipt on %s is no longer held; nothing was changed", url)
+
     def release(self, message: ReceivedMessage, delay: float = 0) -> None:
         """Send a copy with ``attempts`` + 1 (``DelaySeconds`` = delay, capped at 900; a fresh deduplication id
         on FIFO), then delete the original. A delayed FIFO release, and a message read from the DLQ, is
