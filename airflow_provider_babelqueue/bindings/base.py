@@ -548,7 +548,8 @@ class Binding(abc.ABC):
         a receipt for each that another process can settle with :meth:`settle_held` (a task of the run).
 
         Only brokers whose reservation is a record, not a connection's state, can: the SQL table (a row's mark),
-        SQS (a receipt handle). Others raise :class:`NotSupportedError` saying why.
+        Redis (a deadline member and the stored value under its token), SQS (a receipt handle). Others raise
+        :class:`NotSupportedError` saying why.
         """
         raise NotSupportedError(f"the {self.name} binding cannot hand a reservation to another process: "
                                 f"{self.held_reservations_note}")

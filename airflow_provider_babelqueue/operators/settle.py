@@ -4,7 +4,7 @@ With ``BabelQueueMessageTrigger(settle="run_finished")`` a message is not acked 
 reserved (for the trigger's ``run_timeout``) and its receipt travels in the event. This operator, the last task of
 the DAG (``trigger_rule="all_done"``, so it runs whatever happened upstream), acks the run's messages when every
 other task of the run succeeded or was skipped, and otherwise hands them back at once, unchanged: they start a new
-run. It needs a broker whose reservation another process can settle (the SQL table, SQS).
+run. It needs a broker whose reservation another process can settle (the SQL table, Redis, SQS).
 """
 
 from __future__ import annotations

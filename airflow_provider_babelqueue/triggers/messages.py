@@ -281,7 +281,7 @@ class BabelQueueMessageTrigger(BaseEventTrigger):
         this reader does not take it back at once; other readers get it after the delay too).
     :param max_pending: messages reserved and not yet settled, at most (their events wait to be stored).
     :param settle: ``event_stored`` (default, every broker): a message is acked once its event is stored.
-        ``run_finished`` (SQL and SQS, whose reservations another process can settle): the message stays reserved
+        ``run_finished`` (SQL, Redis and SQS, whose reservations another process can settle): the message stays reserved
         for ``run_timeout`` seconds and the run's ``BabelQueueSettleRunOperator`` acks it when the run succeeded or
         hands it back when it failed, so a failed run's message starts another run.
     :param run_timeout: with ``settle="run_finished"``, how long a message waits for its run to settle it.

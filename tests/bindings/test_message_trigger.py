@@ -255,7 +255,7 @@ def test_event_entries_bound_each_event() -> None:
 
 
 #: Where another process (a task of the run) can settle a reservation: ``settle="run_finished"`` applies.
-SETTLED_BY_RUN = {"sql", "sqs"}
+SETTLED_BY_RUN = {"sql", "redis", "sqs"}
 
 
 def test_run_finished_messages_wait_for_their_run(hooks: Callable[[], Binding], queue_name: str) -> None:

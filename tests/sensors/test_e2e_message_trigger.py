@@ -223,11 +223,12 @@ for broker, queue in {queues!r}.items():
 
 def test_a_failed_run_hands_its_message_back_and_a_new_run_takes_it(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """``settle="run_finished"`` on the brokers where a run can settle (SQLite, PostgreSQL, SQS): the run that fails
-    hands its message back, the next run succeeds with it; every message ends acked, once its run succeeded."""
+    """``settle="run_finished"`` where a run can settle (SQLite, PostgreSQL, Redis here; SQS in-process): the run
+    that fails hands its message back, the next run succeeds with it; every message ends acked by its run."""
     out = tmp_path / "seen"
     out.mkdir()
-    specs = {broker: spec for broker, spec in connections(tmp_path).items() if broker in ("sqlite", "postgresql")}
+    settling = ("sqlite", "postgresql", "redis")
+    specs = {broker: spec for broker, spec in connections(tmp_path).items() if broker in settling}
     queues = {broker: f"e2e-run-{broker}-{uuid.uuid4().hex[:6]}" for broker in specs}
     env: dict[str, str] = {}
     for broker, spec in specs.items():

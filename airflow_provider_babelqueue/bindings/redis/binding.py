@@ -56,7 +56,7 @@ from ..base import (
     parse_body,
     require_extra,
 )
-from .scripts import ACK_HEAD, CLAIM, RESERVE, RESERVE_MANY, SETTLE, SETTLE_MANY, SWEEP_BATCH
+from .scripts import ACK_HEAD, CLAIM, HOLD, RESERVE, RESERVE_MANY, SETTLE, SETTLE_HELD, SETTLE_MANY, SWEEP_BATCH
 
 __all__ = ["LARGE_VALUE", "DeadLetterBatch", "RedisBinding", "RedisConfig", "command_parts"]
 
@@ -266,7 +266,6 @@ class RedisBinding(Binding):
     """Queues as Redis lists in the official SDKs' legacy layout (see the module docstring)."""
 
     name = "redis"
-    held_reservations_note = "a reservation is settled by its exact stored value, which an event does not carry"
     client_loggers = ("redis",)
     can_browse = True
     carries_headers = False
@@ -298,6 +297,8 @@ class RedisBinding(Binding):
         self._reserve_many_script = client.register_script(RESERVE_MANY)
         self._settle_many_script = client.register_script(SETTLE_MANY)
         self._ack_head_script = client.register_script(ACK_HEAD)
+        self._hold_script = client.register_script(HOLD)
+        self._settle_held_script = client.register_script(SETTLE_HELD)
 
     def _key(self, queue_name: str) -> str:
         return f"{self.config.key_prefix}{queue_name}"
@@ -753,6 +754,37 @@ class RedisBinding(Binding):
         if len(raws) == want and want < limit:
             out += self.reserve_many(queue_name, limit - want)
         return out
+
+    def hold(self, messages: Sequence[ReceivedMessage], seconds: float) -> list[str]:
+        """Move each reservation's deadline ``seconds`` ahead and record its stored value under its token in
+        ``<processing>:held``; a receipt is the processing list's key and the token, on two lines. Ready-list
+        reservations only."""
+        by_list: dict[str, list[_Receipt]] = {}
+        for message in messages:
+            if message.from_dead_letter:
+                raise BindingError("only reservations of ready messages can be held, not dead letters")
+            receipt = self._receipt_of(message)
+            by_list.setdefault(receipt.processing, []).append(receipt)
+        for processing, receipts in by_list.items():
+            args: list[Any] = [repr(float(max(seconds, 0)))]
+            for receipt in receipts:
+                args += [receipt.token, receipt.raw]
+            with self._guard("hold reservations", processing):
+                self._hold_script(keys=[f"{processing}:deadlines", f"{processing}:held"], args=args)
+        return [f"{self._receipt_of(m).processing}\n{self._receipt_of(m).token}" for m in messages]
+
+    def settle_held(self, receipts: Sequence[str], *, succeeded: bool) -> None:
+        """Ack held reservations (``succeeded``) or put their values back at the end of the ready list, unchanged;
+        one that expired meanwhile (and was handed out again) is left alone."""
+        gone = 0
+        for text in receipts:
+            processing, _, token = text.partition("\n")
+            if not processing.endswith(":processing") or not token:
+                raise BindingError(f"{text!r} is not a receipt of a held Redis reservation")
+            keys = [processing, f"{processing}:deadlines", f"{processing}:held", processing[:-len(":processing")]]
+            with self._guard("settle a held reservation", processing):
+                gone += 1 - int(self._settle_held_script(keys=keys, args=[token, "1" if succeeded else "0"]))
+        self._warn_gone(gone)
 
     def release(self, message: ReceivedMessage, delay: float = 0) -> None:
         """Back to the END of the ready list with ``attempts`` + 1 (to ``:delayed`` when ``delay`` > 0); a header

@@ -6,7 +6,8 @@ server's clock (``TIME``), never a worker's.
 
 from __future__ import annotations
 
-__all__ = ["ACK_HEAD", "CLAIM", "RESERVE", "RESERVE_MANY", "SETTLE", "SETTLE_MANY", "SWEEP_BATCH"]
+__all__ = ["ACK_HEAD", "CLAIM", "HOLD", "RESERVE", "RESERVE_MANY", "SETTLE", "SETTLE_HELD", "SETTLE_MANY",
+           "SWEEP_BATCH"]
 
 #: Most delayed items / expired reservations one maintenance pass moves (bounds the script's run time).
 SWEEP_BATCH = 1000
@@ -226,4 +227,36 @@ end
 for s = 1, n, 500 do redis.call('ZREM', KEYS[2], unpack(members, s, math.min(s + 499, n))) end
 redis.call('LTRIM', KEYS[1], n, -1)
 return n
+"""
+
+# KEYS: deadlines, held (a hash: token -> raw value). ARGV: seconds, then token, raw per reservation. A reservation
+# still held (its '<token>:<raw>' member exists) gets its deadline moved ``seconds`` ahead and its raw value
+# recorded under its token, so a process that knows only the token can settle it (SETTLE_HELD). Returns how many.
+HOLD = (
+    _LUA_HEAD
+    + """
+local held = 0
+for i = 2, #ARGV, 2 do
+  local m = ARGV[i] .. ':' .. ARGV[i + 1]
+  if redis.call('ZSCORE', KEYS[1], m) then
+    redis.call('ZADD', KEYS[1], 'XX', score(now + tonumber(ARGV[1])), m)
+    redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+    held = held + 1
+  end
+end
+return held
+"""
+)
+
+# KEYS: processing, deadlines, held, ready. ARGV: token, '1' (acked) or '0' (back to the end of ready, unchanged).
+# Settles a reservation HOLD recorded, only while its member exists (one that expired was requeued by maintenance
+# and is left alone); the token's record goes either way. Returns 1 when it settled, else 0.
+SETTLE_HELD = """
+local raw = redis.call('HGET', KEYS[3], ARGV[1])
+if not raw then return 0 end
+redis.call('HDEL', KEYS[3], ARGV[1])
+if redis.call('ZREM', KEYS[2], ARGV[1] .. ':' .. raw) == 0 then return 0 end
+redis.call('LREM', KEYS[1], 1, raw)
+if ARGV[2] ~= '1' then redis.call('RPUSH', KEYS[4], raw) end
+return 1
 """
