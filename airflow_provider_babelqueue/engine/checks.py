@@ -6,15 +6,11 @@ reschedule and deferrable modes decide identically. Pure: bindings only, no Airf
 
 from __future__ import annotations
 
-import functools
 import operator
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from typing import Any
-
-import jsonpath as rfc9535
 
 from ..bindings.base import Binding, NotSupportedError, ReceivedMessage
 from ..core import envelope as bq
@@ -130,12 +126,6 @@ def _read_dead_letter(message: ReceivedMessage) -> tuple[dict[str, Any], Mapping
     return {"meta_id": bq.meta_id_of(envelope), "urn": bq.urn_of(envelope), "reason": reason}, envelope
 
 
-@functools.lru_cache(maxsize=64)
-def _compiled(expression: str) -> Any:
-    """The compiled JSONPath, once per process: a trigger judges the same expression on every poll."""
-    return rfc9535.compile(expression)
-
-
 def dead_letter_matches(chosen: MessageFilter, envelope: Mapping[str, Any] | None) -> bool:
     """Whether a dead letter's URN and ``data`` pass ``chosen``, with :class:`MessageFilter`'s rules (URN
     patterns, case-sensitive, any one matching; the JSONPath selecting at least one node of ``data``; both set,
@@ -148,17 +138,7 @@ def dead_letter_matches(chosen: MessageFilter, envelope: Mapping[str, Any] | Non
     :param chosen: the filter, already validated (its JSONPath compiled once when it was built).
     :param envelope: the dead letter's inner envelope, as :func:`_read_dead_letter` returns it.
     """
-    if not chosen.active:
-        return True
-    if envelope is None:
-        return False
-    if chosen.urns:
-        urn = bq.urn_of(envelope)
-        if not any(fnmatchcase(urn, pattern) for pattern in chosen.urns):
-            return False
-    if chosen.jsonpath is not None:
-        return _compiled(chosen.jsonpath).match(bq.data_of(envelope)) is not None
-    return True
+    return chosen.matches_fields(envelope)
 
 
 def dead_letter_status(

@@ -72,6 +72,15 @@ class MessageFilter:
             return True
         if envelope is None or bq.check(envelope) is not None:
             return False
+        return self.matches_fields(envelope)
+
+    def matches_fields(self, envelope: Mapping[str, Any] | None) -> bool:
+        """:meth:`matches` without its validity gate: the URN and ``data`` alone (``data`` that is not an object
+        reads as ``{}``). For dead letters, kept because they broke a rule yet still orders by their URN."""
+        if not self.active:
+            return True
+        if envelope is None:
+            return False
         if self.urns:
             urn = bq.urn_of(envelope)
             if not any(fnmatchcase(urn, pattern) for pattern in self.urns):

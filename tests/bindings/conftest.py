@@ -7,6 +7,7 @@ after the test. Add a broker here when its binding lands; the contract tests nee
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -275,3 +276,12 @@ def kept(item: ReceivedMessage | bytes) -> bytes:
     body = item.body if isinstance(item, ReceivedMessage) else item
     wrapper = poison_wrapper(body)
     return body if wrapper is None else wrapper.raw
+
+
+def reserve_all(binding: Binding, queue_name: str, count: int, within: float = 10.0) -> list[ReceivedMessage]:
+    """Reserve until ``count`` messages came (brokers that push may hand out fewer per call) or ``within`` passed."""
+    got: list[ReceivedMessage] = []
+    deadline = time.monotonic() + within
+    while len(got) < count and time.monotonic() < deadline:
+        got += binding.reserve_many(queue_name, count - len(got), timeout=0.5)
+    return got

@@ -13,7 +13,7 @@ import pytest
 from airflow_provider_babelqueue.bindings.base import Binding, ReceivedMessage
 from airflow_provider_babelqueue.engine.consume import Consumer
 from airflow_provider_babelqueue.engine.filters import message_filter
-from tests.bindings.conftest import Factory
+from tests.bindings.conftest import Factory, reserve_all
 
 CREATED, REFUNDED, PAID = "urn:babel:orders:created", "urn:babel:orders:refunded", "urn:babel:invoices:paid"
 #: Brokers that count every receive themselves: a hand-back is a redelivery there (see test_hand_back.py).
@@ -52,15 +52,6 @@ def attempts_of(n: int) -> int:
 
 def n_of(message: ReceivedMessage) -> int:
     return -1 if message.envelope is None else int(message.envelope["data"]["n"])
-
-
-def reserve_all(binding: Binding, queue_name: str, count: int, within: float = 10.0) -> list[ReceivedMessage]:
-    """Reserve until ``count`` messages came (brokers that push may hand out fewer per call) or ``within`` passed."""
-    got: list[ReceivedMessage] = []
-    deadline = time.monotonic() + within
-    while len(got) < count and time.monotonic() < deadline:
-        got += binding.reserve_many(queue_name, count - len(got), timeout=0.5)
-    return got
 
 
 def record_hand_backs(binding: Binding, monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:

@@ -7,9 +7,8 @@ retry budget. After the delay it is ready again; a reservation already settled i
 
 from __future__ import annotations
 
-import time
-
-from airflow_provider_babelqueue.bindings.base import Binding, ReceivedMessage
+from airflow_provider_babelqueue.bindings.base import Binding
+from tests.bindings.conftest import reserve_all
 
 #: Brokers that count every receive themselves: a hand-back is a redelivery there, and the reconciled ``attempts``
 #: (the larger of the body's count and the broker's) shows it once the broker's count passes the body's.
@@ -20,15 +19,6 @@ COUNTS_RECEIVES = {"sqs"}
 ODD = (b'{"job": "urn:babel:orders:created", "trace_id": "t-1", "data": {"url": "https:\\/\\/shop.example\\/o\\/1", '
        b'"city": "M\\u00fcnchen", "n": %d}, "meta": {"id": "m-%d", "queue": "orders", "lang": "php", '
        b'"schema_version": 1, "created_at": 1700000000000}, "attempts": %d}')
-
-
-def reserve_all(binding: Binding, queue_name: str, count: int, within: float = 10.0) -> list[ReceivedMessage]:
-    """Reserve until ``count`` messages came (brokers that push may hand out fewer per call) or ``within`` passed."""
-    got: list[ReceivedMessage] = []
-    deadline = time.monotonic() + within
-    while len(got) < count and time.monotonic() < deadline:
-        got += binding.reserve_many(queue_name, count - len(got), timeout=0.5)
-    return got
 
 
 def test_hand_back_keeps_bytes_and_attempts(binding: Binding, queue_name: str) -> None:
