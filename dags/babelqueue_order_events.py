@@ -1,11 +1,14 @@
-"""Event-driven orders: an order message starts a run, which processes it once.
+"""Event-driven orders: an order message starts a run, which processes it once and settles it.
 
 The DAG is scheduled on an asset whose ``AssetWatcher`` runs ``BabelQueueMessageTrigger`` in the triggerer: it
 reads ``order-events`` (URNs ``urn:babel:orders:*`` only; other messages stay on the queue for their own readers)
-and makes one asset event per message. The trigger settles a message on the broker only once its event is stored
-in Airflow's database, so a triggerer that dies never loses one; it may make an event twice for a message instead.
-The run's task therefore processes each ``meta.id`` once: it remembers what it processed in a seen-set on the same
-connection and skips what is already there.
+and makes one asset event per message. With ``settle="run_finished"`` the message stays reserved until the run
+settles it: the last task, ``settle``, acks it when ``process_orders`` succeeded and hands it back when it failed,
+so a failed run's order starts a new run. A triggerer that dies never loses a message; it may make an event twice
+for one instead, so ``process_orders`` processes each ``meta.id`` once: it remembers what it processed in a
+seen-set on the same connection and skips what is already there. The embedded SQLite queue, Redis and SQS let a
+run settle its messages; on the other brokers use the default ``settle="event_stored"`` and drop the last task
+(docs/events.md).
 
 The watched connection and queue are fixed when the DAG is parsed (an asset's watcher is part of the schedule), so
 they are the constants below; change them for your queue. The trigger connects only in the triggerer.
@@ -19,6 +22,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Asset, AssetWatcher, task
 
+from airflow_provider_babelqueue.operators import BabelQueueSettleRunOperator
 from airflow_provider_babelqueue.triggers import BabelQueueMessageTrigger
 
 log = logging.getLogger(__name__)
@@ -38,6 +42,7 @@ order_events = Asset(
             trigger=BabelQueueMessageTrigger(
                 babelqueue_conn_id=WATCHED_CONN_ID, queue_name=WATCHED_QUEUE,
                 urns=["urn:babel:orders:*"],  # the others are handed back untouched
+                settle="run_finished",  # the run's last task settles the message
             ),
         )
     ],
@@ -83,4 +88,4 @@ with DAG(
 
         return process(envelopes_from(triggering_asset_events))
 
-    process_orders()
+    process_orders() >> BabelQueueSettleRunOperator(task_id="settle")

@@ -37,7 +37,7 @@ SAMPLE_DAGS = {
     "babelqueue_event_triggered_triage": ["check_spark", "drain", "plan", "triage"],
     "babelqueue_publish_example": ["publish_lines", "publish_order", "start_trace"],
     "babelqueue_consume_example": ["consume_orders"],
-    "babelqueue_order_events": ["process_orders"],
+    "babelqueue_order_events": ["process_orders", "settle"],
 }
 BROKERS = ["sqlite-default", "redis"]
 
@@ -113,7 +113,7 @@ def test_schedules_and_safe_defaults(bag: Any) -> None:
         "airflow_provider_babelqueue.triggers.messages.BabelQueueMessageTrigger",
         {"queue_name": "order-events", "babelqueue_conn_id": "babelqueue_default", "urns": ["urn:babel:orders:*"],
          "jsonpath": None, "batch_size": 1, "max_event_bytes": 65536, "reserve_timeout": 5.0,
-         "unmatched_delay": 5.0, "max_pending": 1000})
+         "unmatched_delay": 5.0, "max_pending": 1000, "settle": "run_finished", "run_timeout": 3600.0})
 
 
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
