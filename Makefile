@@ -1,5 +1,5 @@
 # The two commands: `make demo` and `make test`. Everything else is a helper they use.
-.PHONY: demo verdicts docs test bench bench-consume bench-body-limit crash-consume crash-trigger hostile-corpus bootstrap services lock lint typecheck spark-class-archive install-check clean
+.PHONY: demo verdicts docs test bench bench-consume bench-trigger bench-body-limit crash-consume crash-trigger hostile-corpus bootstrap services lock lint typecheck spark-class-archive install-check clean
 
 CONFORMANCE ?= ../shared/conformance
 
@@ -27,6 +27,11 @@ bench: bootstrap
 # Batched consumption against each raw client's reliable batched loop, same run (docs/benchmarks.md); N=100000.
 bench-consume: bootstrap services
 	.venv/bin/python benchmarks/bench_consume.py --n $${N:-100000}
+
+# Events per second from one message trigger against the consumer, same run, then publish -> DAG run start on a real
+# local Airflow (docs/benchmarks.md); N=5000 messages per measurement, M=50 per broker published 1 s apart.
+bench-trigger: bootstrap services
+	.venv/bin/python benchmarks/bench_message_trigger.py --n $${N:-5000} --m $${M:-50}
 
 # kill -9 the batched consumer 20 times per broker (CI runs 4): 0 lost, at most one batch repeated per kill.
 crash-consume: bootstrap services
