@@ -50,6 +50,8 @@ DEFAULT_MAX_EVENT_BYTES = 64 * 1024
 #: Messages reserved and not yet settled, at most: when the metadata database is slow to confirm, the producer
 #: waits instead of reserving the whole queue.
 DEFAULT_MAX_PENDING = 1000
+#: Seconds a read waits while settlements are due: the broker thread is shared, so a settle waits for the read.
+_SETTLE_TURN = 0.2
 #: ``settle`` values: a message is settled once its event is stored (every broker), or by the run it started.
 EVENT_STORED, RUN_FINISHED = "event_stored", "run_finished"
 #: How long a message held for its run stays reserved (``settle="run_finished"``): a run longer than this has its
@@ -184,7 +186,9 @@ class MessageProducer(SharedStreamProducer):
         while True:
             await self._room.wait()
             limit = min(want, self.max_pending - self._pending)
-            batch = await self.broker.call(_reserve, self.queue_name, max(limit, 1), self.reserve_timeout)
+            # settlements run on this thread too: while events wait for theirs, a read waits only briefly
+            wait = self.reserve_timeout if self._pending == 0 else min(self.reserve_timeout, _SETTLE_TURN)
+            batch = await self.broker.call(_reserve, self.queue_name, max(limit, 1), wait)
             if not batch:
                 continue
             taken, others, invalid = _split(batch, self.filter)
