@@ -12,7 +12,11 @@ from typing import Any
 from . import __version__
 from .hooks.connection_specs import CONNECTION_SPECS
 
-__all__ = ["get_provider_info"]
+__all__ = ["OPERATOR_MODULES", "get_provider_info"]
+
+#: The modules of ``airflow_provider_babelqueue.operators`` that define operators (``links``, ``pending`` and the
+#: private helpers do not).
+OPERATOR_MODULES = ("publish", "consume", "drain", "replay", "settle", "spark")
 
 
 def get_provider_info() -> dict[str, Any]:
@@ -62,6 +66,21 @@ def get_provider_info() -> dict[str, Any]:
             {"name": "babelqueue", "plugin-class": "airflow_provider_babelqueue.plugins.plugin.BabelQueuePlugin"}
         ],
         "extra-links": ["airflow_provider_babelqueue.operators.links.BabelQueueReportLink"],
+        "operators": [
+            {
+                "integration-name": "BabelQueue",
+                "python-modules": [f"airflow_provider_babelqueue.operators.{name}" for name in OPERATOR_MODULES],
+            }
+        ],
+        # babelqueue://<conn id>/<queue>[/dead-letters]: normalised, built and named for OpenLineage (assets.py)
+        "asset-uris": [
+            {
+                "schemes": ["babelqueue"],
+                "handler": "airflow_provider_babelqueue.assets.sanitize_uri",
+                "factory": "airflow_provider_babelqueue.assets.create_asset",
+                "to_openlineage_converter": "airflow_provider_babelqueue.assets.convert_asset_to_openlineage",
+            }
+        ],
         "config": {
             "babelqueue": {
                 "description": "The BabelQueue provider's Airflow plugin.",
