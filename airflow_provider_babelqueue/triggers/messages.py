@@ -35,6 +35,7 @@ from airflow.triggers.shared_stream import AdvanceItem, AdvanceOutcome, SharedSt
 
 from ..bindings.base import Binding, ReceivedMessage
 from ..core import envelope as bq
+from ..core.errors import NotSupportedError
 from ..engine.filters import MessageFilter, message_filter
 from ..hooks import DEFAULT_CONN_ID
 from .thread import BrokerThread
@@ -48,8 +49,12 @@ logger = logging.getLogger(__name__)
 #: starts reads, so it stays far below what the database takes, and well above a typical envelope (under 1 KiB).
 DEFAULT_MAX_EVENT_BYTES = 64 * 1024
 #: Messages reserved and not yet settled, at most: when the metadata database is slow to confirm, the producer
-#: waits instead of reserving the whole queue.
-DEFAULT_MAX_PENDING = 1000
+#: waits instead of reserving the whole queue, and a message waits for its confirmation behind at most this many.
+DEFAULT_MAX_PENDING = 100
+#: Seconds a reserved message is held while its event waits to be stored, where the broker lets a reservation be
+#: extended (SQL, Redis, SQS): longer than the triggerer's ``shared_stream_ack_timeout`` (300 s by default), so the
+#: broker never hands a message out again while its event is still on its way; the ack timeout acts first.
+DEFAULT_RESERVATION_TIMEOUT = 600.0
 #: Seconds a read waits while settlements are due: the broker thread is shared, so a settle waits for the read.
 _SETTLE_TURN = 0.2
 #: ``settle`` values: a message is settled once its event is stored (every broker), or by the run it started.
@@ -168,6 +173,9 @@ class MessageProducer(SharedStreamProducer):
         self.max_pending = int(kwargs.get("max_pending") or DEFAULT_MAX_PENDING)
         self.settle = str(kwargs.get("settle") or EVENT_STORED)
         self.run_timeout = float(kwargs.get("run_timeout") or DEFAULT_RUN_TIMEOUT)
+        self.reservation_timeout = float(kwargs.get("reservation_timeout") or DEFAULT_RESERVATION_TIMEOUT)
+        #: Whether the binding can hold a reservation (``None`` until the first try).
+        self._holds: bool | None = None
         self._broker: BrokerThread | None = None
         self._pending = 0
         self._room = asyncio.Event()
@@ -191,36 +199,60 @@ class MessageProducer(SharedStreamProducer):
             batch = await self.broker.call(_reserve, self.queue_name, max(limit, 1), wait)
             if not batch:
                 continue
-            taken, others, invalid = _split(batch, self.filter)
-            groups, too_large = event_entries(taken, self.batch_size, self.max_event_bytes)
+            matching, others, invalid = _split(batch, self.filter)
+            groups, too_large = event_entries(matching, self.batch_size, self.max_event_bytes)
             if others:
                 await self.broker.call(_hand_back, others, self.unmatched_delay)
             if invalid or too_large:
                 await self.broker.call(_dead_letter, invalid, too_large, self.max_event_bytes)
+            taken = [message for group in groups for message, _ in group]
+            held = await self._hold(taken) if taken else None  # one call for the whole read
+            start = 0
             for group in groups:
-                messages: list[Any] = [message for message, _ in group]
-                if self.settle == RUN_FINISHED:  # the run settles them: held for its length, receipts in the event
-                    messages = await self.broker.call(_hold, messages, self.run_timeout)
-                    for (_, entry), receipt in zip(group, messages, strict=True):
-                        entry["receipt"] = receipt
-                self._pending += len(messages)
+                items: list[Any] = [message for message, _ in group]
+                if held is not None:
+                    items, start = held[start:start + len(group)], start + len(group)
+                    if self.settle == RUN_FINISHED:  # the run settles them: their receipts travel in the event
+                        for (_, entry), receipt in zip(group, items, strict=True):
+                            entry["receipt"] = receipt
+                self._pending += len(items)
                 if self._pending >= self.max_pending:
                     self._room.clear()
                 payload = {"queue_name": self.queue_name, "babelqueue_conn_id": self.conn_id, "settle": self.settle,
                            "count": len(group), "messages": [entry for _, entry in group]}
-                yield payload, messages
+                yield payload, (held is not None, items)
+
+    async def _hold(self, messages: list[ReceivedMessage]) -> list[str] | None:
+        """Hold the reservations while their event is on its way (``reservation_timeout``), or for the run
+        (``run_timeout``): receipts, or ``None`` where the binding cannot (its reservations live on the connection
+        and do not expire: RabbitMQ, Pulsar; Service Bus locks expire by the entity's lock duration)."""
+        run = self.settle == RUN_FINISHED
+        if self._holds is False and not run:
+            return None
+        seconds = self.run_timeout if run else self.reservation_timeout
+        try:
+            receipts = await self.broker.call(_hold, messages, seconds)
+        except NotSupportedError:
+            if run:
+                raise
+            self._holds = False
+            return None
+        self._holds = True
+        return receipts
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
-        stored = [m for item in batch if item.outcome.is_clean for m in item.broker_payload]
-        failed = [m for item in batch if not item.outcome.is_clean for m in item.broker_payload]
+        held = any(item.broker_payload[0] for item in batch)
+        stored = [m for item in batch if item.outcome.is_clean for m in item.broker_payload[1]]
+        failed = [m for item in batch if not item.outcome.is_clean for m in item.broker_payload[1]]
         if failed:
             logger.warning("%d message(s) of %s had no stored event (ack timeout or a subscriber fell behind): "
                            "handed back for another event", len(failed), self.queue_name)
-        if self.settle == RUN_FINISHED:  # stored: the run settles them; not stored: back for another event
-            if failed:
-                await self.broker.call(_settle_held, failed)
-        else:
+        if not held:
             await self.broker.call(_settle, stored, failed)
+        elif self.settle == RUN_FINISHED:  # stored: the run settles them; not stored: back for another event
+            await self.broker.call(_settle_held, [], failed)
+        else:
+            await self.broker.call(_settle_held, stored, failed)
         self._pending -= len(stored) + len(failed)
         if self._pending < self.max_pending:
             self._room.set()
@@ -249,8 +281,11 @@ def _hold(binding: Binding, messages: list[ReceivedMessage], seconds: float) -> 
     return binding.hold(messages, seconds)
 
 
-def _settle_held(binding: Binding, receipts: list[str]) -> None:
-    binding.settle_held(receipts, succeeded=False)
+def _settle_held(binding: Binding, stored: list[str], failed: list[str]) -> None:
+    if failed:
+        binding.settle_held(failed, succeeded=False)
+    if stored:
+        binding.settle_held(stored, succeeded=True)
 
 
 def _dead_letter(binding: Binding, invalid: list[tuple[ReceivedMessage, str]],
@@ -289,6 +324,10 @@ class BabelQueueMessageTrigger(BaseEventTrigger):
         for ``run_timeout`` seconds and the run's ``BabelQueueSettleRunOperator`` acks it when the run succeeded or
         hands it back when it failed, so a failed run's message starts another run.
     :param run_timeout: with ``settle="run_finished"``, how long a message waits for its run to settle it.
+    :param reservation_timeout: where the broker lets a reservation be extended (SQL, Redis, SQS), how long a
+        reserved message is held while its event waits to be stored (default 600 s, longer than the triggerer's
+        ack timeout): a slow metadata database never makes the broker hand it out again meanwhile. After a
+        triggerer dies, its messages come back when this runs out.
     """
 
     def __init__(
@@ -305,13 +344,15 @@ class BabelQueueMessageTrigger(BaseEventTrigger):
         max_pending: int = DEFAULT_MAX_PENDING,
         settle: str = EVENT_STORED,
         run_timeout: float = DEFAULT_RUN_TIMEOUT,
+        reservation_timeout: float = DEFAULT_RESERVATION_TIMEOUT,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         if settle not in (EVENT_STORED, RUN_FINISHED):
             raise ValueError(f"settle must be {EVENT_STORED!r} or {RUN_FINISHED!r}, got {settle!r}")
-        if not 0 < run_timeout < float("inf"):
-            raise ValueError(f"run_timeout must be a positive number of seconds, got {run_timeout!r}")
+        for name, seconds in (("run_timeout", run_timeout), ("reservation_timeout", reservation_timeout)):
+            if not 0 < seconds < float("inf"):
+                raise ValueError(f"{name} must be a positive number of seconds, got {seconds!r}")
         chosen = message_filter(urns, jsonpath)  # an invalid JSONPath fails where the DAG is parsed
         for name, value in (("batch_size", batch_size), ("max_event_bytes", max_event_bytes),
                             ("max_pending", max_pending)):
@@ -330,6 +371,7 @@ class BabelQueueMessageTrigger(BaseEventTrigger):
         self.max_pending = max_pending
         self.settle = settle
         self.run_timeout = run_timeout
+        self.reservation_timeout = reservation_timeout
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -346,6 +388,7 @@ class BabelQueueMessageTrigger(BaseEventTrigger):
                 "max_pending": self.max_pending,
                 "settle": self.settle,
                 "run_timeout": self.run_timeout,
+                "reservation_timeout": self.reservation_timeout,
             },
         )
 

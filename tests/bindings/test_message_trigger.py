@@ -138,6 +138,9 @@ def drain(binding: Binding, queue_name: str, within: float = 20.0) -> list[Recei
 
 
 def trigger_for(queue_name: str, **options: Any) -> BabelQueueMessageTrigger:
+    """A trigger whose held reservations run out after 1 s, as the bindings' visibility timeout here does (the
+    default, 600 s, outlasts the triggerer's ack timeout; these tests play a triggerer that dies)."""
+    options.setdefault("reservation_timeout", 1.0)
     return BabelQueueMessageTrigger(queue_name=queue_name, babelqueue_conn_id="bq_test", reserve_timeout=0.3,
                                     **options)
 
@@ -292,3 +295,34 @@ def test_a_run_succeeded_when_every_other_task_succeeded_or_was_skipped() -> Non
     assert not run_succeeded({"work": "failed", "settle": "running"}, "settle")
     assert not run_succeeded({"work": "upstream_failed", "settle": "running"}, "settle")
     assert not run_succeeded({"work": None, "settle": "running"}, "settle")  # never ran: not a success
+
+
+def test_a_slow_store_never_makes_the_broker_hand_the_message_out_again(hooks: Callable[[], Binding],
+                                                                        queue_name: str) -> None:
+    """Where reservations expire (SQL, Redis, SQS: 1 s here), the trigger holds them for ``reservation_timeout``:
+    an event stored late (the metadata database under load) still settles its message, with no second event."""
+    binding = hooks()
+    if binding.name not in SETTLED_BY_RUN:
+        pytest.skip(f"{binding.name}: a reservation lives on the connection or the receiver's lock, not held")
+    (body,) = envelope_bodies(queue_name, [URN])
+    binding.publish(body, queue_name)
+
+    async def scenario() -> None:
+        trigger = trigger_for(queue_name, reservation_timeout=10.0)
+        manager = SharedStreamManager(ack_timeout=30.0)
+        key = trigger.shared_stream_key()
+        stream = trigger.filter_shared_stream(manager.subscribe(trigger_id=1, trigger=trigger, key=key))
+        try:
+            event = await asyncio.wait_for(stream.__anext__(), 20)  # type: ignore[attr-defined]
+            seq = manager.bind_pending_event(trigger_id=1, key=key)
+            assert seq is not None and meta_ids([event.payload]) == [bq.meta_id_of(bq.decode(body))]
+            await asyncio.sleep(2.5)  # well past the binding's 1 s visibility timeout, the event not yet stored
+            assert binding.reserve_many(queue_name, 10, timeout=0) == []  # still held: nobody else gets it
+            manager.confirm_persisted([seq])
+            with pytest.raises(TimeoutError):  # and the trigger does not read it twice
+                await asyncio.wait_for(stream.__anext__(), 2)  # type: ignore[attr-defined]
+        finally:
+            await manager.unsubscribe(1, key)
+
+    asyncio.run(scenario())
+    assert drain(binding, queue_name) == []  # settled once stored

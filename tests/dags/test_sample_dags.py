@@ -113,7 +113,8 @@ def test_schedules_and_safe_defaults(bag: Any) -> None:
         "airflow_provider_babelqueue.triggers.messages.BabelQueueMessageTrigger",
         {"queue_name": "order-events", "babelqueue_conn_id": "babelqueue_default", "urns": ["urn:babel:orders:*"],
          "jsonpath": None, "batch_size": 1, "max_event_bytes": 65536, "reserve_timeout": 5.0,
-         "unmatched_delay": 5.0, "max_pending": 1000, "settle": "run_finished", "run_timeout": 3600.0})
+         "unmatched_delay": 5.0, "max_pending": 100, "settle": "run_finished", "run_timeout": 3600.0,
+         "reservation_timeout": 600.0})
 
 
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)

@@ -37,6 +37,9 @@ KILLS = int(os.environ.get("BQ_TRIGGER_KILLS", "3"))
 BROKERS = os.environ.get("BQ_TRIGGER_BROKERS", "sqlite,postgresql,redis,rabbitmq,sqs").split(",")
 #: Seconds a reservation of a killed triggerer stays hidden on brokers where it does not live on the connection.
 VISIBILITY = 10
+#: Seconds the trigger holds a reservation while its event is on its way (``reservation_timeout``; 600 by default):
+#: after a kill, the messages of the dead triggerer come back when it runs out.
+RESERVATION = 30
 
 DAG_FILE = """
 import json
@@ -49,7 +52,8 @@ from airflow_provider_babelqueue.triggers import BabelQueueMessageTrigger
 for broker, queue in {queues!r}.items():
     watcher = AssetWatcher(
         name=f"messages_{{broker}}",
-        trigger=BabelQueueMessageTrigger(babelqueue_conn_id=f"bq_{{broker}}", queue_name=queue, reserve_timeout=1),
+        trigger=BabelQueueMessageTrigger(babelqueue_conn_id=f"bq_{{broker}}", queue_name=queue, reserve_timeout=1,
+                                         reservation_timeout={reservation}),
     )
     with DAG(f"bq_messages_{{broker}}", schedule=[Asset(f"babelqueue://bq_{{broker}}/{{queue}}", watchers=[watcher])],
              max_active_runs=4) as dag:
@@ -114,6 +118,8 @@ def test_no_message_is_lost_while_the_triggerer_is_killed(tmp_path: Path, monkey
         "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
         "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "5",
         "AIRFLOW__SCHEDULER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "5",
+        # shorter than the held reservations, as the defaults are (300 s and 600 s)
+        "AIRFLOW__TRIGGERER__SHARED_STREAM_ACK_TIMEOUT": str(RESERVATION * 2 // 3),
     }
     for broker, spec in specs.items():
         env.update(connection_env(f"bq_{broker}", spec))
@@ -146,7 +152,8 @@ def test_no_message_is_lost_while_the_triggerer_is_killed(tmp_path: Path, monkey
             publish(published)
             time.sleep(interval)
 
-    airflow = LocalAirflow(tmp_path, {"messages.py": DAG_FILE.format(queues=queues, out=str(out))}, env)
+    airflow = LocalAirflow(tmp_path, {"messages.py": DAG_FILE.format(queues=queues, out=str(out),
+                                                                      reservation=RESERVATION)}, env)
     thread = threading.Thread(target=publisher, daemon=True)
     try:
         with airflow:
