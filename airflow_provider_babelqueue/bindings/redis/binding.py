@@ -776,15 +776,21 @@ class RedisBinding(Binding):
     def settle_held(self, receipts: Sequence[str], *, succeeded: bool) -> None:
         """Ack held reservations (``succeeded``) or put their values back at the end of the ready list, unchanged;
         one that expired meanwhile (and was handed out again) is left alone."""
-        gone = 0
+        calls = []
         for text in receipts:
             processing, _, token = text.partition("\n")
             if not processing.endswith(":processing") or not token:
                 raise BindingError(f"{text!r} is not a receipt of a held Redis reservation")
             keys = [processing, f"{processing}:deadlines", f"{processing}:held", processing[:-len(":processing")]]
-            with self._guard("settle a held reservation", processing):
-                gone += 1 - int(self._settle_held_script(keys=keys, args=[token, "1" if succeeded else "0"]))
-        self._warn_gone(gone)
+            calls.append((keys, [token, "1" if succeeded else "0"]))
+        if not calls:
+            return
+        with self._guard("settle held reservations", calls[0][0][0]):  # one round trip for them all
+            pipe = self.client.pipeline(transaction=False)
+            for keys, args in calls:
+                self._settle_held_script(keys=keys, args=args, client=pipe)
+            done = pipe.execute()
+        self._warn_gone(len(calls) - sum(int(reply) for reply in done))
 
     def release(self, message: ReceivedMessage, delay: float = 0) -> None:
         """Back to the END of the ready list with ``attempts`` + 1 (to ``:delayed`` when ``delay`` > 0); a header
