@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Hashable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -104,32 +104,36 @@ def envelopes_from(triggering_asset_events: Mapping[Any, Iterable[Any]] | None) 
     """
     out: list[dict[str, Any]] = []
     ids: set[str] = set()
+    for payload in _payloads(triggering_asset_events):
+        messages = payload.get("messages")
+        for entry in messages if isinstance(messages, list) else ():
+            envelope, meta_id = entry.get("envelope"), entry.get("meta_id") or ""
+            if not isinstance(envelope, dict) or (meta_id and meta_id in ids):
+                continue
+            ids.add(meta_id)
+            out.append(envelope)
+    return out
+
+
+def _payloads(triggering_asset_events: Mapping[Any, Iterable[Any]] | None) -> Iterator[Mapping[str, Any]]:
+    """The trigger payloads (``extra["payload"]``) of a run's asset events, in order; other events skipped."""
     for events in (triggering_asset_events or {}).values():
         for event in events:
             extra = getattr(event, "extra", None) or {}
             payload = extra.get("payload") if isinstance(extra, Mapping) else None
-            messages = payload.get("messages") if isinstance(payload, Mapping) else None
-            for entry in messages if isinstance(messages, list) else ():
-                envelope, meta_id = entry.get("envelope"), entry.get("meta_id") or ""
-                if not isinstance(envelope, dict) or (meta_id and meta_id in ids):
-                    continue
-                ids.add(meta_id)
-                out.append(envelope)
-    return out
+            if isinstance(payload, Mapping):
+                yield payload
 
 
 def held_receipts(triggering_asset_events: Mapping[Any, Iterable[Any]] | None) -> dict[str, list[str]]:
     """Connection id → receipts of the messages a run was started for with ``settle="run_finished"``, for
     :meth:`~..bindings.base.Binding.settle_held` (what ``BabelQueueSettleRunOperator`` does)."""
     out: dict[str, list[str]] = {}
-    for events in (triggering_asset_events or {}).values():
-        for event in events:
-            extra = getattr(event, "extra", None) or {}
-            payload = extra.get("payload") if isinstance(extra, Mapping) else None
-            if not isinstance(payload, Mapping) or payload.get("settle") != RUN_FINISHED:
-                continue
-            receipts = [entry["receipt"] for entry in payload.get("messages") or () if entry.get("receipt")]
-            out.setdefault(str(payload.get("babelqueue_conn_id")), []).extend(receipts)
+    for payload in _payloads(triggering_asset_events):
+        if payload.get("settle") != RUN_FINISHED:
+            continue
+        receipts = [entry["receipt"] for entry in payload.get("messages") or () if entry.get("receipt")]
+        out.setdefault(str(payload.get("babelqueue_conn_id")), []).extend(receipts)
     return out
 
 
