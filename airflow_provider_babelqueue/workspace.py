@@ -24,7 +24,17 @@ FOLDERS = ("drain", "triage", "report", "replay_set")
 
 
 def default_output_root() -> str:
-    """``$AIRFLOW_HOME/babelqueue/runs``: beside the embedded queue, on the machine that runs the tasks."""
+    """``[babelqueue] output_root`` when set (a shared folder or an object-storage URL every worker reaches), else
+    ``$AIRFLOW_HOME/babelqueue/runs``: beside the embedded queue, on the machine that runs the tasks."""
+    configured = ""
+    try:
+        from airflow.configuration import conf
+    except ImportError:  # Spark-side code that imports this module has no Airflow
+        pass
+    else:
+        configured = (conf.get("babelqueue", "output_root", fallback="") or "").strip()
+    if configured:
+        return configured
     home = Path(os.environ.get("AIRFLOW_HOME", "~/airflow")).expanduser()
     return str(home / "babelqueue" / "runs")
 

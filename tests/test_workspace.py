@@ -80,3 +80,16 @@ def test_replay_source_is_checked_after_rendering() -> None:
     with pytest.raises(ValueError, match="max_messages_per_second must be positive"):
         BabelQueueReplayOperator(task_id="e", queue_name="orders", max_messages_per_second=0)
     BabelQueueReplayOperator(task_id="f", queue_name="orders", max_messages_per_second="{{ params.rate }}")
+
+
+def test_the_configured_output_root_is_the_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``[babelqueue] output_root`` names where runs write when a run gives none; blank keeps AIRFLOW_HOME's."""
+    from airflow_provider_babelqueue.workspace import default_output_root, run_workspace
+
+    monkeypatch.setenv("AIRFLOW__BABELQUEUE__OUTPUT_ROOT", "s3://aws_default@dlq/runs")
+    assert default_output_root() == "s3://aws_default@dlq/runs"
+    assert run_workspace("", "triage", "manual__1")["drain"] == "s3://aws_default@dlq/runs/triage/manual__1/drain"
+    assert run_workspace(str(tmp_path), "triage", "r")["root"] == f"{tmp_path}/triage/r"
+    monkeypatch.setenv("AIRFLOW__BABELQUEUE__OUTPUT_ROOT", "")
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    assert default_output_root() == str(tmp_path / "babelqueue" / "runs")

@@ -139,6 +139,14 @@ def make_config(config_class: Callable[..., T], connection: Connection, options:
         raise ConnectionConfigError(f"connection {connection.conn_id!r}: {exc}") from None
 
 
+def _configured_dead_letter_sources() -> str:
+    """``[babelqueue] dead_letter_sources``: the DLQ sources of every connection that names none itself (the names
+    or suffixes the fleet's SDKs write, e.g. ``.dlq,:failed``)."""
+    from airflow.sdk.configuration import conf
+
+    return (conf.get("babelqueue", "dead_letter_sources", fallback="") or "").strip()
+
+
 def _encoded_forms(secret: str) -> tuple[str, ...]:
     """The percent-encoded spellings of ``secret`` that :func:`scrub` also replaces."""
     return tuple(dict.fromkeys((quote(secret, safe=""), quote_plus(secret), quote(secret))))
@@ -197,6 +205,9 @@ class BabelQueueHook(BaseHook, abc.ABC):
 
     conn_name_attr = "babelqueue_conn_id"
     default_conn_name = "babelqueue_default"
+    #: Whether ``[babelqueue] dead_letter_sources`` applies to this connection type when its extra is blank: the
+    #: brokers the SDKs write to, not the SQL table (its sources are tables, named per database).
+    reads_fleet_dead_letter_sources = True
     #: The connection type this hook serves, declared once; ``conn_type``, ``hook_name`` and ``extra_fields``
     #: are read from it when a subclass is defined.
     connection_spec: ClassVar[ConnectionSpec]
@@ -251,6 +262,10 @@ class BabelQueueHook(BaseHook, abc.ABC):
                 if key in raw and raw[key] not in (None, ""):
                     out[name] = raw[key]
                     break
+        if self.reads_fleet_dead_letter_sources and "dead_letter_sources" not in out:
+            fleet = _configured_dead_letter_sources()
+            if fleet:
+                out["dead_letter_sources"] = fleet
         return out
 
     def config_options(self, extras: Mapping[str, Any]) -> dict[str, Any]:

@@ -60,6 +60,8 @@ class BabelQueueSqlHook(BabelQueueHook):
     takes a JSON list or comma text of further dead-letter tables).
     """
 
+    reads_fleet_dead_letter_sources = False
+
     connection_spec = SQL
 
     def build_binding(self, connection: Connection, extras: dict[str, Any]) -> Binding:

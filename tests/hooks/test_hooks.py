@@ -230,3 +230,21 @@ def test_max_message_bytes_extra_reaches_the_binding(monkeypatch: pytest.MonkeyP
     bad = get_hook(define(monkeypatch, "bq_limit_bad", spec | {"extra": {"max_message_bytes": "1.5k"}}))
     with pytest.raises(ConnectionConfigError, match="'max_message_bytes' must be a number"):
         bad.get_binding()
+
+
+@pytest.mark.parametrize("conn_type,extra,expected", [
+    ("babelqueue+redis", {}, ["orders:failed", "orders.dlq", "legacy-orders-dead"]),
+    ("babelqueue+redis", {"dead_letter_sources": "none"}, ["orders:failed"]),
+    ("babelqueue+sql", {"dialect": "sqlite", "path": ":memory:"}, ["jobs_failed"]),  # tables: its own setting only
+])
+def test_the_fleets_dead_letter_sources_apply_where_a_connection_names_none(
+        monkeypatch: pytest.MonkeyPatch, conn_type: str, extra: dict[str, str], expected: list[str]) -> None:
+    """``[babelqueue] dead_letter_sources`` is every connection's list unless the connection sets its own."""
+    monkeypatch.setenv("AIRFLOW__BABELQUEUE__DEAD_LETTER_SOURCES", ".dlq,legacy-{queue}-dead")
+    conn_id = define(monkeypatch, "bq_fleet", {"conn_type": conn_type, "host": "127.0.0.1", "port": 6379,
+                                               "extra": extra})
+    hook = get_hook(conn_id)
+    try:
+        assert hook.get_binding().dead_letter_sources("orders") == expected
+    finally:
+        hook.close()
