@@ -110,7 +110,7 @@ def spark_class_archive(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pa
 #: ``make test`` (pytest-xdist, ``--dist loadfile``) one worker takes them all, so each JVM-heavy fixture is
 #: built once per run, not once per worker.
 SPARK_GROUP = ("tests/spark/", "tests/dags/test_demo.py", "tests/dags/test_sample_dags.py",
-               "tests/dags/test_triage_pending.py")
+               "tests/dags/test_triage_pending.py", "tests/dags/test_lineage_dag.py")
 #: Spark modules that share none of the group's session fixtures (their own JVMs): units of their own, so the
 #: other worker can take them.
 SPARK_ALONE = ("tests/spark/test_standalone_cluster.py",)

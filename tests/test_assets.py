@@ -68,7 +68,7 @@ def test_the_converter_names_the_queue_in_its_connections_namespace(monkeypatch:
     asset = assets.create_asset(babelqueue_conn_id="bq_lineage", queue_name="orders", dead_letters=True)
     assert asset.uri == "babelqueue://bq_lineage/orders/dead-letters"
     identity = assets.lineage_identity(asset.uri)
-    assert identity == ("redis://127.0.0.1:6379", "orders/dead-letters")
+    assert identity == ("redis://127.0.0.1:6379", "orders:failed")  # as the operators' lineage names the DLQ
     assert "s3cret" not in json.dumps(identity)
     namespace, name = assets.lineage_identity("babelqueue://babelqueue_default/orders")
     assert namespace.startswith("sqlite:") and name == "orders"

@@ -69,6 +69,7 @@ from ..core.idempotency import Effect, IdempotencyGuard, SeenStore
 from .filters import MessageFilter
 from .limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_NESTING_DEPTH, body_limit_error, check_limit, nesting_depth
 from .logs import Log
+from .telemetry import ConsumeTracer, MessageSpan
 
 #: The contract's integers are signed 64-bit (and so are the brokers' attempts columns and headers).
 _MAX_COUNT = 2**63 - 1
@@ -259,6 +260,8 @@ class Consumer:
     :param max_results: handler return values kept in :attr:`ConsumeSummary.results`; 0 keeps none.
     :param max_result_bytes: the JSON size the kept results may take together (default 64 KiB: a return value
         lands in the metadata database, see :data:`DEFAULT_MAX_RESULT_BYTES`).
+    :param tracer: told about each reserve, message and settlement (:mod:`.telemetry`; the OpenTelemetry spans of
+        :mod:`airflow_provider_babelqueue.observability.tracing`); ``None``, when tracing is off, costs nothing.
     """
 
     def __init__(
@@ -282,6 +285,7 @@ class Consumer:
         unmatched_delay: float = DEFAULT_UNMATCHED_DELAY,
         max_results: int = DEFAULT_MAX_RESULTS,
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        tracer: ConsumeTracer | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
@@ -332,6 +336,9 @@ class Consumer:
         self._releases: list[tuple[ReceivedMessage, float]] = []
         self._outage_since: float | None = None
         self._outage_errors = 0
+        self.tracer = tracer
+        #: The process span of the message being handled (tracing on).
+        self._span: MessageSpan | None = None
         self.summary = ConsumeSummary()
 
     # ----------------------------------------------------------------------------------- outcomes
@@ -370,6 +377,8 @@ class Consumer:
     def _failed(self, message: ReceivedMessage, exc: BaseException, reason: str) -> str:
         # a lone surrogate in a handler's message would fail every UTF-8 log handler and encoder downstream
         error = bq.storable_text(str(exc)) or type(exc).__name__
+        if self._span is not None:
+            self._span.failed(exc)
         if message.attempts + 1 >= self.max_attempts:
             return self._dead_letter(message, reason, error, exception_name(exc), 1)
         if not _attempt_countable(message):
@@ -408,7 +417,13 @@ class Consumer:
         self._hand_back()
         acks, releases = self._pending()
         if acks or releases:
-            self.binding.settle(acks, releases)
+            self._settle_now(acks, releases)
+
+    def _settle_now(self, acks: list[ReceivedMessage], releases: list[tuple[ReceivedMessage, float]]) -> None:
+        started = time.time_ns()
+        self.binding.settle(acks, releases)
+        if self.tracer is not None:
+            self.tracer.settled(self.queue_name, len(acks), len(releases), started)
 
     def _hand_back(self) -> None:
         """Hand back the messages the filter did not take, in one call (a broker error leaves them reserved: they
@@ -448,6 +463,18 @@ class Consumer:
     def process(self, message: ReceivedMessage) -> str:
         """Handle one delivery; returns what happened (``handled``, ``retried``, ``dead_letter:<reason>``,
         ``unmatched``...)."""
+        if self.tracer is None:
+            return self._process(message)
+        with self.tracer.process(message) as span:
+            self._span = span
+            try:
+                outcome = self._process(message)
+            finally:
+                self._span = None
+            span.outcome(outcome)
+        return outcome
+
+    def _process(self, message: ReceivedMessage) -> str:
         if self.message_filter is not None and not self.message_filter.matches(message.envelope):
             self.summary.unmatched += 1
             self._handed_back.add(self._identity(message))
@@ -557,8 +584,12 @@ class Consumer:
                         continue
                     # the previous batch is settled in the same call (one transaction on the SQL table)
                     acks, releases = self._pending()
+                    started = time.time_ns()
                     batch = self.binding.settle_and_reserve(self.queue_name, want, timeout, acks=acks,
                                                             releases=releases)
+                    if self.tracer is not None:
+                        self.tracer.received(self.queue_name, batch, started, acked=len(acks),
+                                             released=len(releases))
                     began = time.monotonic()
                     fresh = self._process_batch(batch)
                 except BindingError as exc:
@@ -588,7 +619,7 @@ class Consumer:
                         self.binding.hand_back(unmatched, delay=self.unmatched_delay)
                         unmatched = []
                     if acks or releases:
-                        self.binding.settle(acks, releases)
+                        self._settle_now(acks, releases)
                     break
                 except BindingError as exc:  # settling again is harmless: each settle is gated on its receipt
                     self._ride_out(exc, deadline)

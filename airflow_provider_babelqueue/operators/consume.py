@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,8 @@ from ..engine.consume import (
 )
 from ..engine.filters import MessageFilter, message_filter
 from ..hooks import DEFAULT_CONN_ID, get_hook
+from ..observability import metrics
+from ..observability.tracing import tracer_for
 from ._params import is_template, is_unset, parse_list, parse_number
 
 __all__ = ["BabelQueueConsumeOperator", "DeadLettersProducedError", "resolve_handlers"]
@@ -211,6 +214,8 @@ class BabelQueueConsumeOperator(BaseOperator):
         unmatched_delay = _unmatched_delay_of(self.unmatched_delay)
         hook = get_hook(self.babelqueue_conn_id)
         store_hook = None
+        consumer: Consumer | None = None
+        started = time.monotonic()
         try:
             store = None
             if is_unset(self.idempotency_conn_id):  # a template that rendered blank
@@ -220,8 +225,9 @@ class BabelQueueConsumeOperator(BaseOperator):
                     hook if self.idempotency_conn_id == self.babelqueue_conn_id else get_hook(self.idempotency_conn_id)
                 )
                 store = store_hook.get_binding().seen_store(self.idempotency_store or f"consume:{self.queue_name}")
+            binding = hook.get_binding()
             consumer = Consumer(
-                hook.get_binding(),
+                binding,
                 self.queue_name,
                 handlers,
                 max_attempts=self.max_attempts,
@@ -237,6 +243,7 @@ class BabelQueueConsumeOperator(BaseOperator):
                 unmatched_delay=unmatched_delay,
                 max_results=self.max_results,
                 max_result_bytes=self.max_result_bytes,
+                tracer=tracer_for(binding, conn_id=self.babelqueue_conn_id),
             )
             run = consumer.run(
                 max_messages=self.max_messages,
@@ -248,6 +255,10 @@ class BabelQueueConsumeOperator(BaseOperator):
             hook.close()
             if store_hook is not None and store_hook is not hook:
                 store_hook.close()
+            if consumer is not None:  # what the run did, also when it failed part way
+                tags = {"conn_id": self.babelqueue_conn_id, "queue_name": self.queue_name}
+                metrics.count_consumed(consumer.summary.as_dict(), consumer.summary.dead_lettered.items(), **tags)
+                metrics.timing("consume.duration", time.monotonic() - started, **tags)
         counts = run.as_dict()
         self.log.info("consumed %s: %s", self.queue_name, counts)
         summary = {**counts, "results": run.results}
@@ -258,3 +269,11 @@ class BabelQueueConsumeOperator(BaseOperator):
                 f"{self.queue_name}: {summary['dead_lettered']}"
             )
         return summary
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage's ``OperatorLineage`` of the run (the provider's listener calls this when the task ended, and
+        when it failed): the queue read, and its dead-letter queue when the run dead-lettered
+        (:func:`~airflow_provider_babelqueue.lineage.consume_lineage`); ``None`` when OpenLineage is not installed."""
+        from ..lineage import consume_lineage, run_result, to_operator_lineage
+
+        return to_operator_lineage(consume_lineage(self.babelqueue_conn_id, self.queue_name, run_result(task_instance)))

@@ -15,6 +15,7 @@ from airflow.sdk import BaseOperator, Context
 from ..bindings.base import NotSupportedError
 from ..engine.drain import DrainSource, LocalFileSink, Sink, StreamSink, drain_dead_letters, file_name
 from ..hooks import DEFAULT_CONN_ID, get_hook
+from ..observability import metrics
 from ._params import parse_count
 
 __all__ = ["BabelQueueDrainDeadLettersOperator"]
@@ -181,4 +182,16 @@ class BabelQueueDrainDeadLettersOperator(BaseOperator):
             )
         self.log.info("drain done: %d records, %d bytes in %s; per source: %s", result.records, result.bytes,
                       result.path, result.by_source)
+        for (conn_id, queue_name), source in zip(pairs, sources, strict=True):
+            metrics.count("drained", result.by_source.get(source.key, 0), conn_id=conn_id, queue_name=queue_name)
         return result.as_dict()
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage's ``OperatorLineage`` of the run (the provider's listener calls this when the task ended): the
+        dead-letter queues read and the drain file written
+        (:func:`~airflow_provider_babelqueue.lineage.drain_lineage`); ``None`` when OpenLineage is not installed."""
+        from ..lineage import drain_lineage, run_result, to_operator_lineage
+
+        pairs = (_normalise_sources(self.sources) if self.sources is not None
+                 else [(self.babelqueue_conn_id, str(self.queue_name))])
+        return to_operator_lineage(drain_lineage(pairs, run_result(task_instance)))

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
+from ..bindings.base import Binding
 from ..core import envelope as bq
 from ..hooks import DEFAULT_CONN_ID, get_hook
+from ..observability import metrics
+from ..observability.tracing import tracer_for
 
 __all__ = ["BabelQueuePublishOperator"]
 
@@ -62,7 +66,9 @@ class BabelQueuePublishOperator(BaseOperator):
         self.delay = delay
         self.headers = dict(headers or {})
 
-    def _bodies(self) -> list[bytes]:
+    def _bodies(self, trace_id: str | None = None) -> list[bytes]:
+        """:param trace_id: the ``trace_id`` of envelopes built here when the operator names none (the producer
+            span's trace while tracing)."""
         if self.envelopes is not None:
             bodies = []
             for index, item in enumerate(self.envelopes):
@@ -78,23 +84,56 @@ class BabelQueuePublishOperator(BaseOperator):
         urn = self.urn
         assert urn is not None  # __init__ requires urn when envelopes is not given
         return [
-            bq.encode(bq.make_envelope(urn, payload, queue_name=self.queue_name, trace_id=self.trace_id))
+            bq.encode(bq.make_envelope(urn, payload, queue_name=self.queue_name, trace_id=self.trace_id or trace_id))
             for payload in payloads
         ]
 
+    def _shared_trace_id(self) -> str | None:
+        """The ``trace_id`` all messages of this call continue, when they share one (the producer span then joins
+        that trace); ``None`` when they start new ones or differ."""
+        if self.envelopes is None:
+            return self.trace_id or None
+        found = set()
+        for item in self.envelopes:
+            env = item if isinstance(item, Mapping) else bq.decode(item)
+            found.add(env.get("trace_id") if isinstance(env.get("trace_id"), str) else None)
+        return found.pop() if len(found) == 1 else None
+
+    def _send(self, binding: Binding, bodies: list[bytes], headers: Mapping[str, Any] | None) -> None:
+        if len(bodies) == 1:
+            binding.publish(bodies[0], self.queue_name, headers=headers or None, delay=self.delay)
+        elif bodies:
+            if self.delay:
+                self.log.warning("delay applies to single messages; the batch of %d is sent now", len(bodies))
+            binding.publish_batch(bodies, self.queue_name)
+
     def execute(self, context: Context) -> list[str]:
-        bodies = self._bodies()
-        ids = [bq.meta_id_of(bq.decode(body)) for body in bodies]
         hook = get_hook(self.babelqueue_conn_id)
+        started = time.monotonic()
         try:
             binding = hook.get_binding()
-            if len(bodies) == 1:
-                binding.publish(bodies[0], self.queue_name, headers=self.headers or None, delay=self.delay)
-            elif bodies:
-                if self.delay:
-                    self.log.warning("delay applies to single messages; the batch of %d is sent now", len(bodies))
-                binding.publish_batch(bodies, self.queue_name)
+            tracer = tracer_for(binding, conn_id=self.babelqueue_conn_id)
+            if tracer is None:
+                bodies = self._bodies()
+                self._send(binding, bodies, self.headers)
+            else:
+                count = 1 if isinstance(self.data, Mapping) else len(self.envelopes or self.data or [])
+                with tracer.send(self.queue_name, count, trace_id=self._shared_trace_id(), urn=self.urn) as span:
+                    bodies = self._bodies(span.trace_id)
+                    span.message_ids([bq.meta_id_of(bq.decode(body)) for body in bodies[:2]])
+                    self._send(binding, bodies, span.headers(self.headers))  # a failure is recorded on the span
         finally:
             hook.close()
+        tags = {"conn_id": self.babelqueue_conn_id, "queue_name": self.queue_name}
+        metrics.count("published", len(bodies), **tags)
+        metrics.timing("publish.duration", time.monotonic() - started, **tags)
         self.log.info("published %d message(s) to %s via %s", len(bodies), self.queue_name, self.babelqueue_conn_id)
-        return ids
+        return [bq.meta_id_of(bq.decode(body)) for body in bodies]
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage's ``OperatorLineage`` of the run (the provider's listener calls this when the task ended): the
+        queue it published to (:func:`~airflow_provider_babelqueue.lineage.publish_lineage`); ``None`` when
+        OpenLineage is not installed."""
+        from ..lineage import publish_lineage, run_result, to_operator_lineage
+
+        return to_operator_lineage(publish_lineage(self.babelqueue_conn_id, self.queue_name, run_result(task_instance)))

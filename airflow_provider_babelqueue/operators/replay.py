@@ -27,6 +27,7 @@ from ..engine.replay import (
     skip_part,
 )
 from ..hooks import DEFAULT_CONN_ID, get_hook
+from ..observability import metrics
 
 if TYPE_CHECKING:
     from airflow.sdk import ObjectStoragePath
@@ -260,7 +261,25 @@ class BabelQueueReplayOperator(BaseOperator):
                 replayer.abort()
                 raise
         result = replayer.result.as_dict()
+        if not dry_run:
+            for target_name, replayed in result["targets"].items():
+                metrics.count("replayed", replayed, conn_id=target_conn, queue_name=target_name)
+            for reason, skipped in result["skipped"].items():
+                metrics.count(f"replay_skipped.{metrics.metric_part(reason)}", skipped, conn_id=target_conn,
+                              reason=reason)
+            metrics.count("replay_skipped.duplicate", result["duplicates_avoided"], conn_id=target_conn)
         self.log.info("%s %d messages %s; skipped %s; duplicates avoided %d (%d kept in the DLQ)",
                       "would replay" if dry_run else "replayed", result["replayed"], result["targets"],
                       result["skipped"], result["duplicates_avoided"], result["duplicates_kept"])
         return result
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage's ``OperatorLineage`` of the run (the provider's listener calls this when the task ended): the
+        dead-letter queues or replay set read and the queues republished to
+        (:func:`~airflow_provider_babelqueue.lineage.replay_lineage`); ``None`` when OpenLineage is not installed."""
+        from ..lineage import replay_lineage, run_result, to_operator_lineage
+
+        return to_operator_lineage(replay_lineage(
+            source_conn_id=self.source_conn_id, queue_name=None if is_unset(self.queue_name) else str(self.queue_name),
+            replay_set=None if is_unset(self.replay_set) else str(self.replay_set),
+            target_conn_id=self.target_conn_id or self.source_conn_id, result=run_result(task_instance)))

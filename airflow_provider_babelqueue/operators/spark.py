@@ -270,3 +270,13 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
                 self.log.info("moved %d triaged drain file(s) from %s into %s", len(waiting), self.pending,
                               self.archive_to)
         return result
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage's ``OperatorLineage`` of the run (the provider's listener calls this when the task ended): the
+        locations the job read and the folders it wrote (:func:`~airflow_provider_babelqueue.lineage.spark_lineage`);
+        ``None`` when OpenLineage is not installed. What the job's own Spark plans read and wrote would come from
+        OpenLineage's Spark listener, which this operator does not configure."""
+        from ..lineage import run_result, spark_lineage, to_operator_lineage
+
+        result = run_result(task_instance)
+        return to_operator_lineage(spark_lineage(self.job, self._inputs(), result, self.report_output))
