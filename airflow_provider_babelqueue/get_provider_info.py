@@ -81,10 +81,42 @@ def get_provider_info() -> dict[str, Any]:
                 "to_openlineage_converter": "airflow_provider_babelqueue.assets.convert_asset_to_openlineage",
             }
         ],
+        "notifications": ["airflow_provider_babelqueue.notifications.BabelQueueDeadLetterNotifier"],
         "config": {
             "babelqueue": {
-                "description": "The BabelQueue provider's Airflow plugin.",
+                "description": "Provider-wide defaults of the BabelQueue provider: where runs write, which dead-letter "
+                "queues every connection reads, tracing, and the report pages of its Airflow plugin.",
                 "options": {
+                    "output_root": {
+                        "description": "Where the triage DAGs write each run's drain files, triage Parquet, report "
+                        "and replay set when a run names no output_root: a folder every worker and the Spark driver "
+                        "reach, or an object-storage URL (s3://bucket/runs). Blank: $AIRFLOW_HOME/babelqueue/runs "
+                        "on the machine that runs the task (one machine only).",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "s3://aws_default@dlq/runs",
+                        "default": "",
+                    },
+                    "dead_letter_sources": {
+                        "description": "The dead-letter queues every Redis, RabbitMQ, SQS, Service Bus and Pulsar "
+                        "connection reads besides the one it writes, when the connection's own dead_letter_sources "
+                        "extra is blank (the SQL table's sources are tables, set per connection): the names or "
+                        "suffixes the fleet's SDKs write (comma-separated; {queue} is replaced by the queue name). "
+                        "Blank: each broker's default.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": ".dlq,:failed,legacy-{queue}-dead",
+                        "default": "",
+                    },
+                    "tracing": {
+                        "description": "OpenTelemetry spans for publish, receive, process and settle, and W3C trace "
+                        "context in the brokers' native headers: auto (when Airflow's [traces] otel_on is on), on "
+                        "(to whichever tracer provider the process set up) or off (no span, no header).",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "on",
+                        "default": "auto",
+                    },
                     "report_roots": {
                         "description": "Comma-separated folders or object-storage URLs (s3://bucket/runs, ...) under "
                         "which the API server may read the triage reports that task instances' XComs name. A "

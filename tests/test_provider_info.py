@@ -113,3 +113,27 @@ def test_importing_the_plugin_leaves_the_web_application_unbuilt() -> None:
             "assert P.fastapi_apps[0]['app'] is app['app']\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_providers_manager_loads_the_notifier_and_the_config_section() -> None:
+    """What Airflow's providers manager loads equals what the package defines: the notifier class and every
+    option of the ``[babelqueue]`` section, whose defaults Airflow's configuration then answers with."""
+    from airflow._shared.module_loading import import_string
+    from airflow.providers_manager import ProvidersManager
+    from airflow.sdk.bases.notifier import BaseNotifier
+
+    info = get_provider_info()
+    manager = ProvidersManager()
+    manager.initialize_providers_notifications()
+    ours = [name for name in manager.notification if name.startswith("airflow_provider_babelqueue.")]
+    assert ours == info["notifications"] == ["airflow_provider_babelqueue.notifications.BabelQueueDeadLetterNotifier"]
+    assert issubclass(import_string(ours[0]), BaseNotifier)
+    manager.initialize_providers_configuration()
+    loaded = dict(manager.provider_configs)["airflow-provider-babelqueue"]
+    assert loaded == info["config"]
+    assert sorted(info["config"]["babelqueue"]["options"]) == [
+        "dead_letter_sources", "output_root", "report_roots", "tracing"]
+    code = ("from airflow.configuration import conf; "
+            "print([conf.get('babelqueue', k) for k in ('tracing', 'output_root', 'dead_letter_sources')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300).stdout
+    assert out.strip().splitlines()[-1] == "['auto', '', '']"

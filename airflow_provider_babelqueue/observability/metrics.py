@@ -13,6 +13,7 @@ code in (a task, the triggerer).
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -22,12 +23,14 @@ __all__ = [
     "count",
     "count_consumed",
     "gauge",
+    "gauge_dlq_depth",
     "metric_part",
     "timing",
 ]
 
 PREFIX = "babelqueue"
 
+_log = logging.getLogger(__name__)
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -76,3 +79,14 @@ def count_consumed(counts: Mapping[str, Any], dead_lettered: Iterable[tuple[str,
     count("unmatched", int(counts.get("unmatched", 0)), **tags)
     for reason, value in dead_lettered:
         count(f"dead_lettered.{metric_part(reason)}", value, reason=reason, **tags)
+
+
+def gauge_dlq_depth(conn_id: str, queue_name: str, depth: int) -> None:
+    """Send a DLQ depth just read as the gauge ``babelqueue.dlq_depth.<conn>.<queue>`` (tags ``conn_id``,
+    ``queue_name``), so a dashboard sees every dead-letter queue a sensor or trigger watches without a task of
+    its own. A metrics failure is logged, never raised: a gauge must not fail a wait."""
+    try:
+        gauge(f"dlq_depth.{metric_part(conn_id)}.{metric_part(queue_name)}", depth, conn_id=conn_id,
+              queue_name=queue_name)
+    except Exception:  # noqa: BLE001 - observability only
+        _log.debug("could not send the dlq_depth gauge of %s", queue_name, exc_info=True)

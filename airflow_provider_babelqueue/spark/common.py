@@ -15,6 +15,8 @@ from typing import Any
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
+from ..core.fingerprint import EXCEPTION_TYPE_PATTERN
+
 __all__ = [
     "LOCAL_CHECKSUMS",
     "base_parser",
@@ -140,4 +142,4 @@ def print_summary(summary: dict[str, Any]) -> None:
 def short_exception(column: Column) -> Column:
     """Last segment of an exception type name: ``App\\Exceptions\\GatewayTimeout`` → ``GatewayTimeout``
     (``.``, ``\\``, ``:``, ``/`` and ``$`` separate segments, as the replay selection reads them)."""
-    return F.regexp_extract(column, r"([^\\.:/$]*)$", 1)
+    return F.regexp_extract(column, EXCEPTION_TYPE_PATTERN, 1)

@@ -4,7 +4,8 @@ Run it with ``spark-submit triage.py --input <paths/globs/folders> --output <fol
 See ``docs/spark.md`` for the output schema. What the official SDKs store besides bare envelopes is read as the
 core reads it: a header frame (``core.frames``) gives its inner envelope, and the Python SDK's poison wrapper
 (``core.peer``) is a poison row. Only native Spark expressions are used (no Python UDF), so the job scales with
-the cluster; the only project import is the pure envelope module (reason codes).
+the cluster; the only project imports are pure core modules: the envelope (reason codes) and the error fingerprint's
+definition (``core.fingerprint``: the masks, the poison error texts).
 """
 
 from __future__ import annotations
@@ -22,6 +23,17 @@ from pyspark.sql import types as T
 
 try:
     from airflow_provider_babelqueue.core.envelope import Reason
+    from airflow_provider_babelqueue.core.fingerprint import (
+        ERROR_CHARS,
+        FINGERPRINT_CHARS,
+        FINGERPRINT_SEPARATOR,
+        MASKS,
+        OWN_POISON_ERRORS,
+        POISON_INVALID_FRAME,
+        POISON_INVALID_JSON,
+        POISON_INVALID_UTF8,
+        POISON_WRAPPED,
+    )
     from airflow_provider_babelqueue.spark.common import (
         base_parser,
         get_spark,
@@ -127,36 +139,16 @@ _JSON_OPTIONS = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT, "a
 RECORD_OPTIONS = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt_record", **_LIMITS,
                   "maxNestingDepth": _MAX}
 
-POISON_INVALID_UTF8 = "body is not valid UTF-8"
-POISON_INVALID_JSON = "body is not a JSON object"
-#: The error of a header frame that carries no envelope (core.frames calls such a frame poison too).
-POISON_INVALID_FRAME = "header frame does not hold an envelope"
-#: The error of a poison wrapper whose ``dead_letter`` block has none.
-POISON_WRAPPED = "dead-lettered as poison by its SDK"
-
-_UUID = r"(?i)\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"
-_HEX = r"(?i)\b0x[0-9a-f]+\b|\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{8,}\b"
-_QUOTED = r"\"[^\"]*\"|'[^']*'"
-_NUMBER = r"\d+(?:[.,]\d+)*"
-_ERROR_CHARS = 2000
-
-
-#: The masks, applied in this order, each with the characters without which its pattern cannot match (in the
-#: error text or in the text the masks before it leave: those only ever insert ``<``, ``>`` and letters).
-_MASKS = (
-    (_QUOTED, "<str>", ("'", '"')),
-    (_UUID, "<uuid>", ("-",)),
-    (_HEX, "<hex>", ()),
-    (_NUMBER, "<n>", ()),
-    # Java's \s is [ \t\n\x0B\f\r]: without one of these runs (a lone space stays as it is) there is nothing to do
-    (r"\s+", " ", ("  ", "\t", "\n", "\x0b", "\f", "\r")),
-)
+# The poison error texts (POISON_*), the error masks and the fingerprint's parts come from core.fingerprint, the
+# one definition: the provider's Python code (the dead-letter trigger, the notifier) computes the same values.
 
 
 def with_error_pattern(df: DataFrame, error: str = "error", name: str = "error_pattern") -> DataFrame:
     """Add ``name``: the error text with its variable parts masked, so similar errors group: quoted strings →
     ``<str>``, UUIDs → ``<uuid>``, hex ids (``0x…`` or 8+ hex chars with a digit and a letter) → ``<hex>``,
-    numbers → ``<n>``; whitespace runs collapse to one space. Only the first 2,000 characters count.
+    numbers → ``<n>``; whitespace runs collapse to one space. Only the first 2,000 characters count. The masks
+    are core.fingerprint's (:data:`~airflow_provider_babelqueue.core.fingerprint.MASKS`), whose ``error_pattern``
+    gives the same text in plain Python.
 
     Each mask is one regular-expression pass over the text; a pass is skipped for an error that lacks every
     character its pattern needs (most errors have no quote, no UUID and no whitespace run), which gives the
@@ -169,9 +161,9 @@ def with_error_pattern(df: DataFrame, error: str = "error", name: str = "error_p
     scratch = "_mask_text"
     source, text = F.col(error), F.col(scratch)
     # no more bytes than the limit in characters: nothing to cut (counting characters walks the text)
-    short = F.octet_length(source) <= _ERROR_CHARS
-    df = df.withColumn(scratch, F.when(short, source).otherwise(F.substring(source, 1, _ERROR_CHARS)))
-    for pattern, mask, needs in _MASKS:
+    short = F.octet_length(source) <= ERROR_CHARS
+    df = df.withColumn(scratch, F.when(short, source).otherwise(F.substring(source, 1, ERROR_CHARS)))
+    for pattern, mask, needs in MASKS:
         replaced = F.regexp_replace(text, pattern, mask)
         if needs:
             present = functools.reduce(operator.or_, [source.contains(needle) for needle in needs])
@@ -493,12 +485,14 @@ def derive(df: DataFrame) -> DataFrame:
     df = with_error_pattern(df, "error", "_masked")
     # A poison row's error of this job's own is its pattern as it is; a peer's error text (a poison wrapper's) is
     # masked like any other, so its variable parts (a character offset) do not split a group.
-    own = F.col("poison") & F.col("error").isin(POISON_INVALID_UTF8, POISON_INVALID_JSON, POISON_INVALID_FRAME)
+    own = F.col("poison") & F.col("error").isin(*sorted(OWN_POISON_ERRORS))
     pattern = F.when(own, F.col("error")).otherwise(F.col("_masked"))
     df = df.withColumns({"exception_type": short_exception(exception),
                          "age_ms": F.col("failed_at") - F.col("created_at"), "error_pattern": pattern})
-    fingerprint = F.substring(F.sha2(F.concat_ws("\u0000", F.coalesce(exception, F.lit("")),
-                                                 F.coalesce(F.col("error_pattern"), F.lit(""))), 256), 1, 16)
+    # core.fingerprint.error_fingerprint, as a Spark expression
+    fingerprint = F.substring(F.sha2(F.concat_ws(FINGERPRINT_SEPARATOR, F.coalesce(exception, F.lit("")),
+                                                 F.coalesce(F.col("error_pattern"), F.lit(""))), 256),
+                              1, FINGERPRINT_CHARS)
     return df.withColumn("fingerprint", fingerprint).selectExpr(*COLUMNS)
 
 
