@@ -1,10 +1,13 @@
-"""Shared by the plugin tests: a realistic report on disk, and a task that carries the report link."""
+"""Shared by the plugin tests: a realistic report on disk, a task that carries the report link, and Airflow's API
+application with the plugin mounted and tokens of the simple auth manager's users."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from airflow_provider_babelqueue.spark.report_html import render_report
 
@@ -63,3 +66,29 @@ def report_task_class() -> Any:
         operator_extra_links = (BabelQueueReportLink(),)
 
     return ReportTask
+
+
+def airflow_api_client(patch: pytest.MonkeyPatch) -> tuple[Any, dict[str, str]]:
+    """Airflow's API application (``create_app``) with the plugin mounted by Airflow's own plugin code, and
+    tokens of the simple auth manager's users."""
+    from airflow import plugins_manager
+    from airflow.api_fastapi import app as api_app
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+    from fastapi.testclient import TestClient
+
+    from airflow_provider_babelqueue.plugins.plugin import BabelQueuePlugin
+
+    patch.setenv("AIRFLOW__CORE__AUTH_MANAGER",
+                 "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager")
+    patch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "False")
+    patch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "admin:admin,viewer:viewer")
+    patch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "plugin-tests-" + "0123456789abcdef" * 4)
+    # Airflow loads a provider's plugins when providers are discovered eagerly; hand it ours the same way
+    patch.setattr(plugins_manager, "get_fastapi_plugins", lambda: (BabelQueuePlugin.fastapi_apps, []))
+    api_app.purge_cached_app()
+    app = api_app.create_app(apps="core")
+    manager = api_app.get_auth_manager()
+    tokens = {role: manager.generate_jwt(SimpleAuthManagerUser(username=role, role=role))
+              for role in ("admin", "viewer", "user", "op")}
+    tokens["norole"] = manager.generate_jwt(SimpleAuthManagerUser(username="norole", role=None))
+    return TestClient(app), tokens

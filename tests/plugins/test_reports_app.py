@@ -13,7 +13,7 @@ from urllib.parse import quote
 import pytest
 
 from tests.airflow_harness import run_dag, task_states, xcom
-from tests.plugins.common import report_task_class, write_report
+from tests.plugins.common import airflow_api_client, report_task_class, write_report
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -98,7 +98,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         links = {task_id: xcom(run, task_id, key=LINK_KEY) for task_id in returns}
         assert links["triage_only"] == "" and links["triage"].startswith("/babelqueue/reports/")
 
-        client, tokens = _airflow_app(patch)
+        client, tokens = airflow_api_client(patch)
         try:
             yield Site(client, run.run_id, {"html": html, "summary": summary, "file_html": file_html,
                                             "file_summary": file_summary, "memory": memory_html, "links": links,
@@ -107,32 +107,6 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
             from airflow.api_fastapi import app as api_app
 
             api_app.purge_cached_app()
-
-
-def _airflow_app(patch: pytest.MonkeyPatch) -> tuple[Any, dict[str, str]]:
-    """Airflow's API application (``create_app``) with the plugin mounted by Airflow's own plugin code, and
-    tokens of the simple auth manager's users."""
-    from airflow import plugins_manager
-    from airflow.api_fastapi import app as api_app
-    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
-    from fastapi.testclient import TestClient
-
-    from airflow_provider_babelqueue.plugins.plugin import BabelQueuePlugin
-
-    patch.setenv("AIRFLOW__CORE__AUTH_MANAGER",
-                 "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager")
-    patch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "False")
-    patch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS", "admin:admin,viewer:viewer")
-    patch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "plugin-tests-" + "0123456789abcdef" * 4)
-    # Airflow loads a provider's plugins when providers are discovered eagerly; hand it ours the same way
-    patch.setattr(plugins_manager, "get_fastapi_plugins", lambda: (BabelQueuePlugin.fastapi_apps, []))
-    api_app.purge_cached_app()
-    app = api_app.create_app(apps="core")
-    manager = api_app.get_auth_manager()
-    tokens = {role: manager.generate_jwt(SimpleAuthManagerUser(username=role, role=role))
-              for role in ("admin", "viewer", "user", "op")}
-    tokens["norole"] = manager.generate_jwt(SimpleAuthManagerUser(username="norole", role=None))
-    return TestClient(app), tokens
 
 
 def test_a_request_without_a_valid_token_is_refused(site: Site) -> None:
@@ -229,8 +203,8 @@ def test_request_paths_cannot_name_a_file(site: Site, path: str) -> None:
 
 
 def test_every_route_of_the_plugin_checks_the_login(site: Site) -> None:
-    """The console will add routes: each must sit behind Airflow's login, and a reports route behind the DAG's
-    read permission, whatever its own code does."""
+    """Each route sits behind Airflow's login, a reports route behind the DAG's read permission and a console
+    route behind the asset read permission, whatever its own code does."""
     from airflow.api_fastapi.core_api.security import get_user
     from fastapi.routing import APIRoute
 
@@ -244,8 +218,11 @@ def test_every_route_of_the_plugin_checks_the_login(site: Site) -> None:
 
     routes = [route for route in entry["app"].routes if isinstance(route, APIRoute)]
     assert {route.path for route in routes} == {"/reports/{dag_id}/{run_id}/{task_id}",
-                                                "/reports/{dag_id}/{run_id}/{task_id}/summary.json"}
+                                                "/reports/{dag_id}/{run_id}/{task_id}/summary.json",
+                                                "/console/api/connections", "/console/api/queues",
+                                                "/console/api/dead-letters", "/console/api/dead-letters/{position}"}
     assert [route.path for route in entry["app"].routes if not isinstance(route, APIRoute)] == []
     for route in routes:
         names = {getattr(call, "__qualname__", "") for call in calls(route.dependant)}
-        assert get_user in calls(route.dependant) and "requires_access_dag.<locals>.inner" in names, route.path
+        needed = "requires_access_dag" if route.path.startswith("/reports/") else "requires_access_asset"
+        assert get_user in calls(route.dependant) and f"{needed}.<locals>.inner" in names, route.path

@@ -887,6 +887,32 @@ class SqlBinding(Binding):
             out += [self._message(row, queue_name, True, None, t.name) for row in rows]
         return out
 
+    def browse_dead_letter_raws(self, queue_name: str, start: int, stop: int, *,
+                                source: str | None = None) -> list[bytes]:
+        """The stored bytes of the queue's dead letters ``start``..``stop`` - 1, reserved or not, oldest first, table
+        after table (a COUNT per table before the one the positions start in); nothing is changed.
+
+        :param source: positions within this dead-letter table alone; ``None``: over every table in reading order."""
+        out: list[bytes] = []
+        for t in self._readable():
+            if stop <= start or stop <= 0:
+                break
+            if source is not None and t.name != source:
+                continue
+            where = t.c.queue == queue_name
+            if source is None:
+                with self._guard("count dead letters", queue_name), self._read() as conn:
+                    count = int(conn.execute(sa.select(sa.func.count()).select_from(t).where(where)).scalar_one())
+            else:
+                count = stop
+            if start < count:
+                query = (sa.select(t.c.payload).where(where).order_by(t.c.id).offset(max(start, 0))
+                         .limit(min(stop, count) - max(start, 0)))
+                with self._guard("browse dead letters", queue_name), self._read() as conn:
+                    out += [bytes(row[0]) for row in conn.execute(query)]
+            start, stop = start - count, stop - count
+        return out
+
     def seen_store(self, name: str) -> SqlSeenStore:
         from .stores import SqlSeenStore
 

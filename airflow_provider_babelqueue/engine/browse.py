@@ -1,0 +1,254 @@
+"""Pages of a dead-letter queue, read without removing anything, filtered as an operator filters them in a console.
+
+A page is read from a position (0 = the oldest dead letter, over every dead-letter source in reading order) and
+holds up to ``limit`` dead letters that pass the :class:`DeadLetterQuery`. Each entry says what the Spark triage
+would say about it (reason, exception type, error pattern, fingerprint: :func:`~..core.fingerprint.read_dead_letter`,
+the one definition) and where it came from (its position and source). A filter that matches rarely could make a
+page read the whole queue, so a page stops after ``max_scan`` dead letters or ``time_budget`` seconds, whichever
+comes first, and says where the next read starts (``next_position``): the caller asks again from there.
+
+Brokers: one that reads stored bytes by position (:meth:`Binding.browse_dead_letter_raws`: Redis, SQL) pages to
+any depth; one that can only peek from the head (:attr:`Binding.can_browse`: Azure Service Bus) serves the first
+:data:`HEAD_LIMIT` dead letters; RabbitMQ, SQS and Pulsar cannot read a queue without taking its messages and
+raise :class:`NotSupportedError` (their depth is still known). Pure module: no Airflow import.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..bindings.base import Binding, NotSupportedError
+from ..core.errors import EnvelopeDecodeError
+from ..core.fingerprint import exception_type, read_dead_letter
+from ..core.frames import open_body
+
+__all__ = [
+    "CHUNK",
+    "HEAD_LIMIT",
+    "BrowsePage",
+    "DeadLetterEntry",
+    "DeadLetterQuery",
+    "browse_page",
+    "dead_letter_raw",
+    "entry_of",
+]
+
+#: Dead letters read per call to the broker while a page fills.
+CHUNK = 500
+#: How far a broker that can only peek from the head is read.
+HEAD_LIMIT = 1000
+#: Characters of the error an entry carries (the whole text is in the dead letter itself).
+ERROR_PREVIEW = 500
+
+
+@dataclass(frozen=True)
+class DeadLetterQuery:
+    """Which dead letters a page shows; an empty field restricts nothing, several values in one field are "any of".
+
+    :param reasons: ``dead_letter.reason`` values (``poison`` for an unreadable body).
+    :param urns: URN patterns (shell-style: ``urn:babel:orders:*``; an exact URN matches only itself).
+    :param exception_types: exception names, full (``App\\Exceptions\\GatewayTimeout``) or the last segment.
+    :param fingerprints: error fingerprints, or their first hex digits.
+    :param langs: the producing language (``meta.lang``).
+    :param original_queues: ``dead_letter.original_queue`` (else ``meta.queue``).
+    :param text: a piece of the error text, case-insensitive.
+    :param failed_after_ms: only dead letters that failed at or after this Unix time in milliseconds.
+    :param failed_before_ms: only those that failed before it.
+    """
+
+    reasons: tuple[str, ...] = ()
+    urns: tuple[str, ...] = ()
+    exception_types: tuple[str, ...] = ()
+    fingerprints: tuple[str, ...] = ()
+    langs: tuple[str, ...] = ()
+    original_queues: tuple[str, ...] = ()
+    text: str | None = None
+    failed_after_ms: int | None = None
+    failed_before_ms: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return any((self.reasons, self.urns, self.exception_types, self.fingerprints, self.langs,
+                    self.original_queues, self.text, self.failed_after_ms is not None,
+                    self.failed_before_ms is not None))
+
+    def matches(self, entry: DeadLetterEntry) -> bool:
+        if self.reasons and entry.reason not in self.reasons:
+            return False
+        if self.urns and not (entry.urn is not None and any(fnmatch.fnmatchcase(entry.urn, p) for p in self.urns)):
+            return False
+        if self.exception_types and not (entry.exception is not None and (
+                entry.exception in self.exception_types or entry.exception_type in self.exception_types)):
+            return False
+        if self.fingerprints and not any(entry.fingerprint.startswith(f.lower()) for f in self.fingerprints):
+            return False
+        if self.langs and entry.lang not in self.langs:
+            return False
+        if self.original_queues and entry.original_queue not in self.original_queues:
+            return False
+        if self.text and self.text.casefold() not in (entry.error or "").casefold():
+            return False
+        if self.failed_after_ms is not None and (entry.failed_at is None or entry.failed_at < self.failed_after_ms):
+            return False
+        return self.failed_before_ms is None or (entry.failed_at is not None
+                                                 and entry.failed_at < self.failed_before_ms)
+
+
+@dataclass(frozen=True)
+class DeadLetterEntry:
+    """One dead letter as a console lists it: what triage says about it and where it is.
+
+    :ivar position: its place in the queue's dead letters (0 = oldest), over every source in reading order.
+    :ivar error: the error text, cut to :data:`ERROR_PREVIEW` characters (``error_truncated`` says when).
+    :ivar failed_at: ``dead_letter.failed_at``, Unix milliseconds, when the block has one.
+    """
+
+    position: int
+    size: int
+    meta_id: str | None
+    urn: str | None
+    reason: str
+    poison: bool
+    exception: str | None
+    exception_type: str | None
+    error: str | None
+    error_truncated: bool
+    error_pattern: str | None
+    fingerprint: str
+    failed_at: int | None
+    original_queue: str | None
+    lang: str | None
+    trace_id: str | None
+    attempts: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _whole(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def entry_of(position: int, body: bytes) -> DeadLetterEntry:
+    """The entry of the dead letter stored as ``body`` at ``position``."""
+    try:
+        envelope: Any = open_body(body)[0]
+    except EnvelopeDecodeError:
+        envelope = None
+    facts = read_dead_letter(body, envelope if isinstance(envelope, dict) else None)
+    block: dict[str, Any] = {}
+    meta: dict[str, Any] = {}
+    if isinstance(envelope, dict):
+        found_block, found_meta = envelope.get("dead_letter"), envelope.get("meta")
+        block = found_block if isinstance(found_block, dict) else {}
+        meta = found_meta if isinstance(found_meta, dict) else {}
+    error = facts.error
+    truncated = error is not None and len(error) > ERROR_PREVIEW
+    return DeadLetterEntry(
+        position=position, size=len(body), meta_id=facts.meta_id, urn=facts.urn, reason=facts.reason,
+        poison=facts.poison, exception=facts.exception, exception_type=exception_type(facts.exception),
+        error=error[:ERROR_PREVIEW] if truncated and error is not None else error, error_truncated=truncated,
+        error_pattern=facts.error_pattern, fingerprint=facts.fingerprint, failed_at=_whole(block.get("failed_at")),
+        original_queue=_text(block.get("original_queue")) or _text(meta.get("queue")),
+        lang=_text(meta.get("lang")) or _text(block.get("lang")),
+        trace_id=_text(envelope.get("trace_id")) if isinstance(envelope, dict) else None,
+        attempts=_whole(envelope.get("attempts")) if isinstance(envelope, dict) else None)
+
+
+@dataclass
+class BrowsePage:
+    """A page: the matching entries, where the next read starts (``None``: the end of the queue was reached),
+    how many dead letters were read for it and the queue's depth when the page was read."""
+
+    entries: list[DeadLetterEntry] = field(default_factory=list)
+    next_position: int | None = None
+    scanned: int = 0
+    depth: int = 0
+    #: Why the page stopped before ``limit`` entries without reaching the end: ``max_scan`` or ``time_budget``.
+    stopped_by: str | None = None
+    #: Whether the broker can only be read from its head (``HEAD_LIMIT`` dead letters at most).
+    head_only: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"entries": [entry.as_dict() for entry in self.entries], "next_position": self.next_position,
+                "scanned": self.scanned, "depth": self.depth, "stopped_by": self.stopped_by,
+                "head_only": self.head_only}
+
+
+def _bodies(binding: Binding, queue_name: str, start: int, depth: int) -> tuple[Iterator[bytes], bool]:
+    """The stored bytes from ``start`` on, read in chunks; and whether only the head can be read."""
+    probe = binding.browse_dead_letter_raws(queue_name, start, start)
+    if probe is not None:
+        def chunks() -> Iterator[bytes]:
+            position = start
+            while True:  # to the end, not the depth: the depth leaves out dead letters a drain holds reserved
+                raws = binding.browse_dead_letter_raws(queue_name, position, position + CHUNK)
+                if not raws:
+                    return
+                yield from raws
+                position += len(raws)
+        return chunks(), False
+    if not binding.can_browse:
+        raise NotSupportedError(
+            f"the {binding.name} binding cannot read a dead-letter queue without taking its messages; the console "
+            f"shows its depth ({depth}) and works on it through a drain")
+    head = binding.browse_dead_letters(queue_name, limit=HEAD_LIMIT)
+    return iter([message.body for message in head[start:]]), True
+
+
+def browse_page(binding: Binding, queue_name: str, query: DeadLetterQuery | None = None, *, start: int = 0,
+                limit: int = 50, max_scan: int = 20_000, time_budget: float = 1.5) -> BrowsePage:
+    """A page of ``queue_name``'s dead letters from position ``start`` (see the module docstring).
+
+    :param limit: entries at most (1..1000).
+    :param max_scan: dead letters read at most for the page, matching or not.
+    :param time_budget: seconds the page may take reading; the page stops after the dead letter that passed it.
+    """
+    if not 1 <= limit <= 1000:
+        raise ValueError(f"limit must be between 1 and 1000, got {limit}")
+    if start < 0:
+        raise ValueError(f"start must not be negative, got {start}")
+    query = query or DeadLetterQuery()
+    depth = binding.dead_letter_depth(queue_name)
+    page = BrowsePage(depth=depth)
+    bodies, page.head_only = _bodies(binding, queue_name, start, depth)
+    deadline = time.monotonic() + time_budget
+    position = start
+    for body in bodies:
+        entry = entry_of(position, body)
+        position += 1
+        page.scanned += 1
+        if query.matches(entry):
+            page.entries.append(entry)
+            if len(page.entries) >= limit:
+                break
+        if page.scanned >= max_scan:
+            page.stopped_by = "max_scan"
+            break
+        if time.monotonic() >= deadline:
+            page.stopped_by = "time_budget"
+            break
+    else:
+        page.next_position = None  # the end: every dead letter from start on was read
+        return page
+    page.next_position = position
+    return page
+
+
+def dead_letter_raw(binding: Binding, queue_name: str, position: int) -> bytes | None:
+    """The stored bytes of the dead letter at ``position`` (``None``: no dead letter there any more)."""
+    raws = binding.browse_dead_letter_raws(queue_name, position, position + 1)
+    if raws is None:
+        if not binding.can_browse:
+            return None
+        head = binding.browse_dead_letters(queue_name, limit=min(position + 1, HEAD_LIMIT))
+        return head[position].body if position < len(head) else None
+    return raws[0] if raws else None

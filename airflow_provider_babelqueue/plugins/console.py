@@ -1,0 +1,152 @@
+"""The dead-letter console's read API: ``/babelqueue/console/api/...`` (queues, pages of dead letters, one dead letter).
+
+Reading needs what reading an asset needs in the configured auth manager (a dead-letter queue is the asset
+``babelqueue://<conn id>/<queue>/dead-letters``): a viewer may read; the actions on a selection, which change a
+queue, will need what changing an asset needs. Every route also needs a signed-in user (the application adds that
+check to all of them: :mod:`.app`).
+
+Nothing secret leaves: a connection is named by its id and type, never its host, login, password or extras; a
+dead letter's bytes are returned as JSON strings (text, or hex when they are not UTF-8), so a page shows them as
+text, never as markup. Broker calls block, so the routes are plain functions (FastAPI runs them on its thread
+pool), and each opens the connection's hook and closes it when it answered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, status
+
+from ..bindings.base import Binding, BindingError, NotSupportedError
+from ..core.errors import BabelQueueError
+from ..core.frames import open_body
+from ..engine.browse import DeadLetterQuery, browse_page, dead_letter_raw, entry_of
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/console/api", tags=["console"])
+
+
+def _asset_access(method: str) -> list[Any]:
+    from airflow.api_fastapi.core_api.security import requires_access_asset
+
+    return [Depends(requires_access_asset(method))]  # type: ignore[arg-type]
+
+
+_READ = _asset_access("GET")
+
+Names = Annotated[list[str] | None, Query()]
+
+
+@contextmanager
+def _binding(conn_id: str) -> Iterator[Binding]:
+    """The connection's binding for one request; a connection that is missing or not a BabelQueue one is a 404, a
+    broker that cannot be reached a 502, each saying which connection."""
+    from ..hooks import get_hook
+
+    try:
+        hook = get_hook(conn_id)
+    except Exception as exc:  # noqa: BLE001 - the connection lookup raises Airflow's own "not defined" error
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no BabelQueue connection {conn_id!r}: {exc}") from None
+    try:
+        yield hook.get_binding()
+    except NotSupportedError as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
+    except (BindingError, BabelQueueError) as exc:
+        raise HTTPException(status.HTTP_502_BAD_GATEWAY, f"connection {conn_id!r}: {exc}") from None
+    finally:
+        hook.close()
+
+
+@router.get("/connections", dependencies=_READ)
+def connections() -> dict[str, Any]:
+    """The BabelQueue connections Airflow knows (its metadata database, and the embedded default): id and type."""
+    from airflow.models.connection import Connection
+    from airflow.utils.session import create_session
+
+    from ..hooks import DEFAULT_CONN_ID
+
+    with create_session() as session:
+        rows = session.query(Connection.conn_id, Connection.conn_type).filter(
+            Connection.conn_type.like("babelqueue%")).order_by(Connection.conn_id).all()
+    found = [{"conn_id": conn_id, "conn_type": conn_type} for conn_id, conn_type in rows]
+    if DEFAULT_CONN_ID not in {row["conn_id"] for row in found}:
+        found.insert(0, {"conn_id": DEFAULT_CONN_ID, "conn_type": "babelqueue+sql"})
+    return {"connections": found}
+
+
+@router.get("/queues", dependencies=_READ)
+def queues(conn_id: str, queue_name: Annotated[list[str], Query()]) -> dict[str, Any]:
+    """Depths of the named queues on a connection: ready messages, dead letters, each dead-letter source, and the
+    oldest dead letter's ``failed_at`` where the broker can read its dead-letter queue."""
+    out = []
+    with _binding(conn_id) as binding:
+        for name in queue_name:
+            row: dict[str, Any] = {"queue_name": name, "depth": binding.depth(name),
+                                   "dead_letter_depth": binding.dead_letter_depth(name),
+                                   "dead_letter_sources": binding.dead_letter_sources(name),
+                                   "can_browse": binding.can_browse, "oldest_failed_at": None}
+            if row["dead_letter_depth"]:
+                raw = _first_raw(binding, name)
+                row["oldest_failed_at"] = entry_of(0, raw).failed_at if raw is not None else None
+            out.append(row)
+    return {"conn_id": conn_id, "broker": binding.name, "queues": out}
+
+
+def _first_raw(binding: Binding, queue_name: str) -> bytes | None:
+    try:
+        return dead_letter_raw(binding, queue_name, 0)
+    except NotSupportedError:
+        return None
+
+
+@router.get("/dead-letters", dependencies=_READ)
+def dead_letters(
+    conn_id: str,
+    queue_name: str,
+    reason: Names = None,
+    urn: Names = None,
+    exception_type: Names = None,
+    fingerprint: Names = None,
+    lang: Names = None,
+    original_queue: Names = None,
+    text: str | None = None,
+    failed_after_ms: int | None = None,
+    failed_before_ms: int | None = None,
+    start: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+) -> dict[str, Any]:
+    """A page of the queue's dead letters from position ``start`` that pass the filters (``engine/browse.py``:
+    the page stops after 20,000 dead letters read or 1.5 s and gives ``next_position``)."""
+    query = DeadLetterQuery(reasons=tuple(reason or ()), urns=tuple(urn or ()),
+                            exception_types=tuple(exception_type or ()), fingerprints=tuple(fingerprint or ()),
+                            langs=tuple(lang or ()), original_queues=tuple(original_queue or ()),
+                            text=text or None, failed_after_ms=failed_after_ms, failed_before_ms=failed_before_ms)
+    with _binding(conn_id) as binding:
+        page = browse_page(binding, queue_name, query, start=start, limit=limit)
+    return {"conn_id": conn_id, "queue_name": queue_name, **page.as_dict()}
+
+
+@router.get("/dead-letters/{position}", dependencies=_READ)
+def dead_letter(conn_id: str, queue_name: str, position: int) -> dict[str, Any]:
+    """One dead letter: its exact bytes (``body_text``, or ``body_hex`` when they are not UTF-8), its envelope and
+    ``dead_letter`` block when it has them, and what triage says about it (the entry)."""
+    with _binding(conn_id) as binding:
+        raw = dead_letter_raw(binding, queue_name, position)
+    if raw is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no dead letter at position {position} of {queue_name!r}")
+    try:
+        body_text: str | None = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        body_text = None
+    try:
+        envelope: Any = open_body(raw)[0]
+    except BabelQueueError:
+        envelope = None
+    block = envelope.get("dead_letter") if isinstance(envelope, dict) else None
+    return {"conn_id": conn_id, "queue_name": queue_name, "entry": entry_of(position, raw).as_dict(),
+            "body_text": body_text, "body_hex": raw.hex() if body_text is None else None, "size": len(raw),
+            "envelope": envelope if isinstance(envelope, dict) else None,
+            "dead_letter": block if isinstance(block, dict) else None}

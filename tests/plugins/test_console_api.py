@@ -1,0 +1,165 @@
+"""The dead-letter console's read API inside Airflow's own API application (simple auth manager), against real
+bindings: the embedded SQLite queue, Redis and RabbitMQ (which cannot browse)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_babelqueue import envelope as bq
+from airflow_provider_babelqueue.hooks import get_hook
+from tests.bindings.conftest import reserve_all
+from tests.connections import SPECS
+from tests.plugins.common import airflow_api_client
+
+pytestmark = pytest.mark.timeout(300)
+
+API = "/babelqueue/console/api"
+POISON = b"\xff\xfe not json <script>alert(1)</script>"
+
+
+@dataclass
+class Console:
+    client: Any
+    tokens: dict[str, str]
+    queue: str
+    bodies: dict[str, list[bytes]]
+
+    def get(self, path: str, user: str | None = "viewer", **params: Any) -> Any:
+        headers = {"Authorization": f"Bearer {self.tokens[user]}"} if user else {}
+        return self.client.get(API + path, headers=headers, params=params)
+
+
+def _fill(conn_id: str, queue: str) -> list[bytes]:
+    """Three dead letters (two failed, one unknown URN) and a poison body, in this order; their stored bodies."""
+    hook = get_hook(conn_id)
+    try:
+        binding = hook.get_binding()
+        bodies = [bq.encode(bq.make_envelope("urn:babel:orders:created", {"n": n, "note": "<b>bold</b>"},
+                                             queue_name=queue)) for n in range(3)] + [POISON]
+        for body in bodies:
+            binding.publish(body, queue)
+        for message in sorted(reserve_all(binding, queue, 4), key=lambda m: bodies.index(m.body)):
+            n = message.envelope["data"]["n"] if message.envelope else None
+            if n is None:
+                binding.dead_letter(message, bq.Reason.POISON, error="not JSON")
+            elif n < 2:
+                binding.dead_letter(message, bq.Reason.FAILED, error=f"timeout after {n}s", exception="TimeoutError")
+            else:
+                binding.dead_letter(message, bq.Reason.UNKNOWN_URN, error="no handler")
+        binding.publish(bodies[0], queue)  # one ready message
+        return [binding.browse_dead_letter_raws(queue, i, i + 1)[0] for i in range(4)]  # type: ignore[index]
+    finally:
+        hook.close()
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
+    from airflow.models.connection import Connection
+    from airflow.utils.session import create_session
+
+    home = tmp_path_factory.mktemp("console")
+    queue = f"orders-{uuid.uuid4().hex[:8]}"
+    with pytest.MonkeyPatch.context() as patch:
+        specs = {
+            "bq_console_sqlite": {"conn_type": "babelqueue+sql", "host": str(Path(home) / "queue.sqlite")},
+            "bq_console_redis": {**SPECS["bq_redis"], "extra": {"key_prefix": f"bqconsole{uuid.uuid4().hex[:6]}:"}},  # type: ignore[dict-item]
+            "bq_console_rabbitmq": SPECS["bq_rabbitmq"],
+        }
+        for conn_id, spec in specs.items():
+            patch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(spec))
+        with create_session() as session:  # a connection in the metadata DB, with a secret the API must not show
+            session.query(Connection).filter(Connection.conn_id == "bq_console_db").delete()
+            session.add(Connection(conn_id="bq_console_db", conn_type="babelqueue+redis", host="10.0.0.7",
+                                   password="s3cret-password", extra=json.dumps({"key_prefix": "hidden-prefix"})))
+        bodies = {conn_id: _fill(conn_id, queue) for conn_id in ("bq_console_sqlite", "bq_console_redis")}
+        client, tokens = airflow_api_client(patch)
+        try:
+            yield Console(client, tokens, queue, bodies)
+        finally:
+            from airflow.api_fastapi import app as api_app
+
+            api_app.purge_cached_app()
+            with create_session() as session:
+                session.query(Connection).filter(Connection.conn_id == "bq_console_db").delete()
+
+
+ROUTES = ["/connections", "/queues?conn_id=bq_console_sqlite&queue_name=q", "/dead-letters?conn_id=x&queue_name=q",
+          "/dead-letters/0?conn_id=x&queue_name=q"]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_every_route_refuses_anonymous_and_role_less_callers(console: Console, route: str) -> None:
+    assert console.client.get(API + route).status_code == 401
+    assert console.client.get(API + route, headers={"Authorization": "Bearer not.a.jwt"}).status_code == 403
+    refused = console.client.get(API + route, headers={"Authorization": f"Bearer {console.tokens['norole']}"})
+    assert refused.status_code == 403
+
+
+def test_connections_are_listed_without_secrets(console: Console) -> None:
+    answer = console.get("/connections")
+    assert answer.status_code == 200
+    listed = answer.json()["connections"]
+    assert {"conn_id": "bq_console_db", "conn_type": "babelqueue+redis"} in listed
+    assert listed[0] == {"conn_id": "babelqueue_default", "conn_type": "babelqueue+sql"}
+    assert "s3cret" not in answer.text and "10.0.0.7" not in answer.text and "hidden-prefix" not in answer.text
+
+
+@pytest.mark.parametrize("conn_id", ["bq_console_sqlite", "bq_console_redis"])
+def test_queue_depths(console: Console, conn_id: str) -> None:
+    answer = console.get("/queues", conn_id=conn_id, queue_name=[console.queue])
+    assert answer.status_code == 200, answer.text
+    [row] = answer.json()["queues"]
+    assert (row["depth"], row["dead_letter_depth"], row["can_browse"]) == (1, 4, True)
+    assert isinstance(row["oldest_failed_at"], int)
+
+
+@pytest.mark.parametrize("conn_id", ["bq_console_sqlite", "bq_console_redis"])
+def test_pages_filter_by_reason_and_urn(console: Console, conn_id: str) -> None:
+    page = console.get("/dead-letters", conn_id=conn_id, queue_name=console.queue).json()
+    assert [(e["position"], e["reason"]) for e in page["entries"]] == [
+        (0, "failed"), (1, "failed"), (2, "unknown_urn"), (3, "poison")]
+    assert (page["depth"], page["scanned"], page["next_position"]) == (4, 4, None)
+    failed = console.get("/dead-letters", conn_id=conn_id, queue_name=console.queue, reason=["failed"]).json()
+    assert [e["position"] for e in failed["entries"]] == [0, 1]
+    assert failed["entries"][0]["exception_type"] == "TimeoutError"
+    assert failed["entries"][0]["fingerprint"] == failed["entries"][1]["fingerprint"]  # "timeout after <n>s"
+    by_urn = console.get("/dead-letters", conn_id=conn_id, queue_name=console.queue, urn=["urn:babel:orders:*"])
+    assert [e["position"] for e in by_urn.json()["entries"]] == [0, 1, 2]
+    second = console.get("/dead-letters", conn_id=conn_id, queue_name=console.queue, limit=2, start=2).json()
+    assert [e["position"] for e in second["entries"]] == [2, 3] and second["next_position"] == 4
+
+
+@pytest.mark.parametrize("conn_id", ["bq_console_sqlite", "bq_console_redis"])
+def test_one_dead_letter_is_its_exact_bytes(console: Console, conn_id: str) -> None:
+    stored = console.bodies[conn_id]
+    one = console.get("/dead-letters/0", conn_id=conn_id, queue_name=console.queue).json()
+    assert one["body_text"].encode() == stored[0] and one["body_hex"] is None and one["size"] == len(stored[0])
+    assert one["dead_letter"]["reason"] == "failed" and one["dead_letter"]["error"] == "timeout after 0s"
+    assert one["envelope"]["data"]["note"] == "<b>bold</b>"  # data, as JSON text: never markup
+    assert one["entry"]["trace_id"] == one["envelope"]["trace_id"]
+    poison = console.get("/dead-letters/3", conn_id=conn_id, queue_name=console.queue).json()
+    assert poison["entry"]["poison"]
+    if conn_id == "bq_console_sqlite":  # the SQL table keeps the exact bytes: not UTF-8, so hex
+        assert poison["body_text"] is None and bytes.fromhex(poison["body_hex"]) == stored[3] == POISON
+    else:  # Redis stores them in the SDKs' poison wrapper (JSON text)
+        assert poison["body_hex"] is None and poison["body_text"].encode() == stored[3]
+    assert console.get("/dead-letters/9", conn_id=conn_id, queue_name=console.queue).status_code == 404
+
+
+def test_a_broker_that_cannot_browse_answers_with_its_depth_and_the_reason(console: Console) -> None:
+    depths = console.get("/queues", conn_id="bq_console_rabbitmq", queue_name=["console-empty"])
+    assert depths.status_code == 200 and depths.json()["queues"][0]["can_browse"] is False
+    refused = console.get("/dead-letters", conn_id="bq_console_rabbitmq", queue_name="console-empty")
+    assert refused.status_code == 409 and "without taking its messages" in refused.json()["detail"]
+
+
+def test_an_unknown_connection_is_a_404(console: Console) -> None:
+    answer = console.get("/dead-letters", conn_id="no_such_connection", queue_name="q")
+    assert answer.status_code == 404 and "no_such_connection" in answer.json()["detail"]
