@@ -32,9 +32,12 @@ __all__ = [
     "BrowsePage",
     "DeadLetterEntry",
     "DeadLetterQuery",
+    "SelectionChanged",
     "browse_page",
     "dead_letter_raw",
     "entry_of",
+    "matching",
+    "selected",
 ]
 
 #: Dead letters read per call to the broker while a page fills.
@@ -252,3 +255,42 @@ def dead_letter_raw(binding: Binding, queue_name: str, position: int) -> bytes |
         head = binding.browse_dead_letters(queue_name, limit=min(position + 1, HEAD_LIMIT))
         return head[position].body if position < len(head) else None
     return raws[0] if raws else None
+
+
+class SelectionChanged(ValueError):
+    """A selected position no longer holds the dead letter the caller saw there (the queue changed)."""
+
+
+def selected(binding: Binding, queue_name: str, positions: list[int], meta_ids: list[str | None]) -> list[bytes]:
+    """The stored bytes at ``positions``, each checked to still be the dead letter with that ``meta_ids`` entry
+    (``None``: a dead letter without one, e.g. poison, checked to still have none), so an action never lands on
+    a dead letter the caller did not see.
+
+    :raises SelectionChanged: a position is gone or holds another dead letter.
+    """
+    if len(positions) != len(meta_ids):
+        raise ValueError("give one meta_id (or null) per position")
+    out = []
+    for position, meta_id in zip(positions, meta_ids, strict=True):
+        raw = dead_letter_raw(binding, queue_name, position)
+        if raw is None or entry_of(position, raw).meta_id != meta_id:
+            raise SelectionChanged(f"position {position} of {queue_name!r} no longer holds the dead letter "
+                                   f"{meta_id or '(no meta.id)'}; reload the page and select again")
+        out.append(raw)
+    return out
+
+
+def matching(binding: Binding, queue_name: str, query: DeadLetterQuery, max_items: int) -> list[bytes]:
+    """The stored bytes of every dead letter that passes ``query``, oldest first, up to ``max_items`` (for an
+    action on "everything matching this filter"): the whole queue is read, without a time budget.
+
+    :raises ValueError: more than ``max_items`` match.
+    """
+    out: list[bytes] = []
+    bodies, _ = _bodies(binding, queue_name, 0, binding.dead_letter_depth(queue_name))
+    for position, body in enumerate(bodies):
+        if query.matches(entry_of(position, body)):
+            if len(out) >= max_items:
+                raise ValueError(f"more than {max_items} dead letters match; narrow the filter")
+            out.append(body)
+    return out

@@ -1,7 +1,7 @@
 """The plugin's web application: one FastAPI app, mounted by the API server under ``/babelqueue``.
 
-Each feature is a router: :mod:`.reports` (the triage report pages) and :mod:`.console` (the dead-letter
-console's API). The login check is added to
+Each feature is a router: :mod:`.reports` (the triage report pages) and :mod:`.console` and :mod:`.actions` (the
+dead-letter console's API). The login check is added to
 the application itself, so no route can be served to an anonymous caller, whatever its own checks; each route
 adds the DAG permission it needs (:func:`.auth.dag_access`). The interactive API docs are off: they would be
 routes outside that check.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
+from .actions import router as actions_router
 from .auth import AUTHENTICATED
 from .console import router as console_router
 from .reports import router as reports_router
@@ -24,4 +25,5 @@ def create_app() -> FastAPI:
                   openapi_url=None)
     app.include_router(reports_router)
     app.include_router(console_router)
+    app.include_router(actions_router)
     return app

@@ -24,24 +24,25 @@ from ..core.errors import BabelQueueError
 from ..core.frames import open_body
 from ..engine.browse import DeadLetterQuery, browse_page, dead_letter_raw, entry_of
 
-__all__ = ["router"]
+__all__ = ["asset_access", "connection_binding", "router"]
 
 router = APIRouter(prefix="/console/api", tags=["console"])
 
 
-def _asset_access(method: str) -> list[Any]:
+def asset_access(method: str) -> list[Any]:
+    """The route's dependencies: the user may ``method`` assets (``GET`` to read, ``POST`` to act)."""
     from airflow.api_fastapi.core_api.security import requires_access_asset
 
     return [Depends(requires_access_asset(method))]  # type: ignore[arg-type]
 
 
-_READ = _asset_access("GET")
+_READ = asset_access("GET")
 
 Names = Annotated[list[str] | None, Query()]
 
 
 @contextmanager
-def _binding(conn_id: str) -> Iterator[Binding]:
+def connection_binding(conn_id: str) -> Iterator[Binding]:
     """The connection's binding for one request; a connection that is missing or not a BabelQueue one is a 404, a
     broker that cannot be reached a 502, each saying which connection."""
     from ..hooks import get_hook
@@ -82,7 +83,7 @@ def queues(conn_id: str, queue_name: Annotated[list[str], Query()]) -> dict[str,
     """Depths of the named queues on a connection: ready messages, dead letters, each dead-letter source, and the
     oldest dead letter's ``failed_at`` where the broker can read its dead-letter queue."""
     out = []
-    with _binding(conn_id) as binding:
+    with connection_binding(conn_id) as binding:
         for name in queue_name:
             row: dict[str, Any] = {"queue_name": name, "depth": binding.depth(name),
                                    "dead_letter_depth": binding.dead_letter_depth(name),
@@ -124,7 +125,7 @@ def dead_letters(
                             exception_types=tuple(exception_type or ()), fingerprints=tuple(fingerprint or ()),
                             langs=tuple(lang or ()), original_queues=tuple(original_queue or ()),
                             text=text or None, failed_after_ms=failed_after_ms, failed_before_ms=failed_before_ms)
-    with _binding(conn_id) as binding:
+    with connection_binding(conn_id) as binding:
         page = browse_page(binding, queue_name, query, start=start, limit=limit)
     return {"conn_id": conn_id, "queue_name": queue_name, **page.as_dict()}
 
@@ -133,7 +134,7 @@ def dead_letters(
 def dead_letter(conn_id: str, queue_name: str, position: int) -> dict[str, Any]:
     """One dead letter: its exact bytes (``body_text``, or ``body_hex`` when they are not UTF-8), its envelope and
     ``dead_letter`` block when it has them, and what triage says about it (the entry)."""
-    with _binding(conn_id) as binding:
+    with connection_binding(conn_id) as binding:
         raw = dead_letter_raw(binding, queue_name, position)
     if raw is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no dead letter at position {position} of {queue_name!r}")

@@ -35,6 +35,10 @@ class Console:
         headers = {"Authorization": f"Bearer {self.tokens[user]}"} if user else {}
         return self.client.get(API + path, headers=headers, params=params)
 
+    def post(self, path: str, body: dict[str, Any], user: str | None = "op") -> Any:
+        headers = {"Authorization": f"Bearer {self.tokens[user]}"} if user else {}
+        return self.client.post(API + path, headers=headers, json=body)
+
 
 def _fill(conn_id: str, queue: str) -> list[bytes]:
     """Three dead letters (two failed, one unknown URN) and a poison body, in this order; their stored bodies."""
@@ -79,6 +83,8 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
             session.add(Connection(conn_id="bq_console_db", conn_type="babelqueue+redis", host="10.0.0.7",
                                    password="s3cret-password", extra=json.dumps({"key_prefix": "hidden-prefix"})))
         bodies = {conn_id: _fill(conn_id, queue) for conn_id in ("bq_console_sqlite", "bq_console_redis")}
+        for conn_id in ("bq_console_sqlite", "bq_console_redis"):  # the actions' own queue
+            bodies[conn_id + ":act"] = _fill(conn_id, queue + "-act")
         client, tokens = airflow_api_client(patch)
         try:
             yield Console(client, tokens, queue, bodies)
@@ -163,3 +169,71 @@ def test_a_broker_that_cannot_browse_answers_with_its_depth_and_the_reason(conso
 def test_an_unknown_connection_is_a_404(console: Console) -> None:
     answer = console.get("/dead-letters", conn_id="no_such_connection", queue_name="q")
     assert answer.status_code == 404 and "no_such_connection" in answer.json()["detail"]
+
+
+# ------------------------------------------------------------------------------------------------------ actions
+
+
+def _depth(conn_id: str, queue: str) -> int:
+    hook = get_hook(conn_id)
+    try:
+        return hook.get_binding().depth(queue)
+    finally:
+        hook.close()
+
+
+@pytest.mark.parametrize("path", ["/actions/replay", "/actions/export"])
+def test_actions_refuse_anonymous_callers_and_viewers(console: Console, path: str) -> None:
+    body = {"conn_id": "bq_console_sqlite", "queue_name": console.queue, "filter": {}}
+    assert console.post(path, body, user=None).status_code == 401
+    assert console.post(path, body, user="viewer").status_code == 403
+    assert console.post(path, body, user="user").status_code == 403  # changing an asset is for op and admin
+
+
+@pytest.mark.parametrize("conn_id", ["bq_console_sqlite", "bq_console_redis"])
+def test_preview_then_replay_a_selection_once(console: Console, conn_id: str) -> None:
+    queue = console.queue + "-act"
+    page = console.get("/dead-letters", conn_id=conn_id, queue_name=queue, reason=["failed"]).json()
+    chosen = {"conn_id": conn_id, "queue_name": queue, "positions": [e["position"] for e in page["entries"]],
+              "meta_ids": [e["meta_id"] for e in page["entries"]]}
+    assert len(chosen["positions"]) == 2 and _depth(conn_id, queue) == 1
+    preview = console.post("/actions/replay", chosen).json()
+    assert (preview["dry_run"], preview["selected"], preview["replayed"], preview["targets"]) == (
+        True, 2, 2, {queue: 2})
+    assert _depth(conn_id, queue) == 1  # a preview publishes nothing
+    done = console.post("/actions/replay", {**chosen, "dry_run": False}).json()
+    assert (done["replayed"], done["targets"], done["ledgers"]) == (2, {queue: 2}, [f"replay:{queue}"])
+    assert _depth(conn_id, queue) == 3
+    again = console.post("/actions/replay", {**chosen, "dry_run": False}).json()
+    assert (again["replayed"], again["duplicates_avoided"]) == (0, 2)  # the ledger: a second click replays nothing
+    assert _depth(conn_id, queue) == 3
+    everything = console.post("/actions/replay", {"conn_id": conn_id, "queue_name": queue, "filter": {}}).json()
+    # everything: the unknown-URN one would go; the two replayed are in the ledger; poison is never replayed
+    assert (everything["selected"], everything["replayed"], everything["duplicates_avoided"],
+            everything["skipped"]) == (4, 1, 2, {"poison": 1})
+    actions = console.get("/actions").json()["actions"]
+    mine = [a for a in actions if a["details"]["conn_id"] == conn_id and a["details"]["queue_name"] == queue]
+    assert [(a["action"], a["who"], a["details"]["replayed"]) for a in mine[:4]] == [
+        ("replay_preview", "op", 1), ("replay", "op", 0), ("replay", "op", 2), ("replay_preview", "op", 2)]
+    assert mine[1]["details"]["duplicates_avoided"] == 2 and mine[2]["details"]["ledgers"] == [f"replay:{queue}"]
+
+
+def test_a_selection_that_changed_is_refused(console: Console) -> None:
+    body = {"conn_id": "bq_console_sqlite", "queue_name": console.queue, "positions": [0], "meta_ids": ["other"]}
+    refused = console.post("/actions/replay", body)
+    assert refused.status_code == 409 and "reload the page" in refused.json()["detail"]
+    both = console.post("/actions/replay", {**body, "filter": {}})
+    assert both.status_code == 422
+
+
+@pytest.mark.parametrize("conn_id", ["bq_console_sqlite", "bq_console_redis"])
+def test_export_gives_drain_records_of_the_exact_bytes(console: Console, conn_id: str) -> None:
+    from airflow_provider_babelqueue.core.records import record_body
+
+    answer = console.post("/actions/export", {"conn_id": conn_id, "queue_name": console.queue,
+                                              "filter": {"reason": ["failed", "poison"]}})
+    assert answer.status_code == 200 and answer.headers["content-type"] == "application/x-ndjson"
+    records = [json.loads(line) for line in answer.content.splitlines()]
+    stored = console.bodies[conn_id]
+    assert [record_body(r) for r in records] == [stored[0], stored[1], stored[3]]
+    assert {r["source_conn_id"] for r in records} == {conn_id}

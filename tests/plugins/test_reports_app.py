@@ -220,7 +220,9 @@ def test_every_route_of_the_plugin_checks_the_login(site: Site) -> None:
     assert {route.path for route in routes} == {"/reports/{dag_id}/{run_id}/{task_id}",
                                                 "/reports/{dag_id}/{run_id}/{task_id}/summary.json",
                                                 "/console/api/connections", "/console/api/queues",
-                                                "/console/api/dead-letters", "/console/api/dead-letters/{position}"}
+                                                "/console/api/dead-letters", "/console/api/dead-letters/{position}",
+                                                "/console/api/actions", "/console/api/actions/replay",
+                                                "/console/api/actions/export"}
     assert [route.path for route in entry["app"].routes if not isinstance(route, APIRoute)] == []
     for route in routes:
         names = {getattr(call, "__qualname__", "") for call in calls(route.dependant)}
