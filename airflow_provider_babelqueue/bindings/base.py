@@ -565,6 +565,14 @@ class Binding(abc.ABC):
         """Read up to ``limit`` DLQ messages without removing them."""
         raise NotSupportedError(f"the {self.name} binding cannot browse a dead-letter queue without removing")
 
+    def discard_dead_letters(self, queue_name: str, bodies: Sequence[bytes]) -> int:
+        """Remove one stored copy of each body from the queue's dead letters (the oldest, over every dead-letter
+        source in reading order) and return how many were removed: a body no longer there (taken by a drain
+        meanwhile) is skipped. For a console's discard, after the bodies were archived; never for a drain, whose
+        reservations are acked instead."""
+        raise NotSupportedError(f"the {self.name} binding cannot remove chosen dead letters; drain the queue "
+                                "instead")
+
     def browse_dead_letter_raws(self, queue_name: str, start: int, stop: int, *,
                                 source: str | None = None) -> list[bytes] | None:
         """The stored bytes of DLQ positions ``start``..``stop`` - 1, nothing reserved or removed, for a browse

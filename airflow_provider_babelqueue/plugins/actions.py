@@ -156,6 +156,44 @@ def export(request: Selection, user: CurrentUser) -> StreamingResponse:
                              headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
 
+@router.post("/discard", dependencies=_ACT)
+def discard(request: Selection, user: CurrentUser) -> dict[str, Any]:
+    """Archive the selection as drain records under the output root (``[babelqueue] output_root``), durably, then
+    remove those dead letters from their queue. A dead letter taken meanwhile (a drain) is archived but not
+    counted as discarded; nothing is removed when the archive could not be written."""
+    from ..engine.drain.sinks import Sink
+    from ..operators.drain import open_destination
+    from ..workspace import default_output_root
+
+    with connection_binding(request.conn_id) as binding:
+        bodies = _bodies(binding, request)
+        template = RecordTemplate(broker=binding.name, queue_name=request.queue_name,
+                                  dead_letter_queue=binding.dead_letter_name(request.queue_name),
+                                  source_conn_id=request.conn_id)
+        stamp = int(time.time() * 1000)
+        folder = "/".join((default_output_root().rstrip("/"), "console", _segment(request.conn_id),
+                           _segment(request.queue_name)))
+        sink: Sink = open_destination(folder, f"discard-{stamp}")
+        try:
+            sink.write(b"".join(template.of_raws(bodies, RecordTemplate.stamp(stamp))))
+            sink.sync()
+            sink.close()
+        except BaseException:
+            sink.abort(0)
+            raise
+        discarded = binding.discard_dead_letters(request.queue_name, bodies)
+    archive = sink.location
+    _audit("discard", user, request, selected=len(bodies), archived=len(bodies), discarded=discarded,
+           archive=archive)
+    return {"selected": len(bodies), "archived": len(bodies), "discarded": discarded, "archive": archive}
+
+
+def _segment(text: str) -> str:
+    """A path segment from a connection id or queue name (no separators, no dot-only names)."""
+    cleaned = "".join(c if c.isalnum() or c in "-_." else "_" for c in text).strip(".")
+    return cleaned or "_"
+
+
 @router.get("", dependencies=_READ)
 def actions(limit: Annotated[int, Query(ge=1, le=500)] = 50) -> dict[str, Any]:
     """The latest console actions from Airflow's audit log, newest first."""

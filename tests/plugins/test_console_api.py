@@ -237,3 +237,40 @@ def test_export_gives_drain_records_of_the_exact_bytes(console: Console, conn_id
     stored = console.bodies[conn_id]
     assert [record_body(r) for r in records] == [stored[0], stored[1], stored[3]]
     assert {r["source_conn_id"] for r in records} == {conn_id}
+
+
+@pytest.mark.parametrize("conn_id", ["bq_console_sqlite", "bq_console_redis"])
+def test_discard_archives_exactly_the_removed_bytes(console: Console, conn_id: str, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_babelqueue.core.records import record_body
+
+    monkeypatch.setenv("AIRFLOW__BABELQUEUE__OUTPUT_ROOT", str(tmp_path / "runs"))
+    queue = console.queue + "-discard"
+    stored = _fill(conn_id, queue)
+    page = console.get("/dead-letters", conn_id=conn_id, queue_name=queue).json()["entries"]
+    chosen = [page[1], page[3]]  # a failed one and the poison body
+    body = {"conn_id": conn_id, "queue_name": queue, "positions": [e["position"] for e in chosen],
+            "meta_ids": [e["meta_id"] for e in chosen]}
+    assert console.post("/actions/discard", body, user="viewer").status_code == 403
+    done = console.post("/actions/discard", body)
+    assert done.status_code == 200, done.text
+    answer = done.json()
+    assert (answer["selected"], answer["archived"], answer["discarded"]) == (2, 2, 2)
+    archive = Path(answer["archive"])
+    assert archive.parent == tmp_path / "runs" / "console" / conn_id / queue
+    records = [json.loads(line) for line in archive.read_bytes().splitlines()]
+    assert [record_body(r) for r in records] == [stored[1], stored[3]]
+    left = console.get("/dead-letters", conn_id=conn_id, queue_name=queue).json()
+    assert [e["meta_id"] for e in left["entries"]] == [page[0]["meta_id"], page[2]["meta_id"]]
+    assert left["depth"] == 2
+    again = console.post("/actions/discard", body)  # those positions now hold other dead letters
+    assert again.status_code == 409
+    [last] = [a for a in console.get("/actions").json()["actions"] if a["action"] == "discard"
+              and a["details"]["queue_name"] == queue and a["details"]["conn_id"] == conn_id]
+    assert last["details"]["archive"] == str(archive) and last["who"] == "op"
+
+
+def test_discard_is_refused_where_a_broker_cannot_remove_chosen_dead_letters(console: Console) -> None:
+    body = {"conn_id": "bq_console_rabbitmq", "queue_name": "console-empty", "filter": {}}
+    refused = console.post("/actions/discard", body)
+    assert refused.status_code == 409 and "without taking its messages" in refused.json()["detail"]

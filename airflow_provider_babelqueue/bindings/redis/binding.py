@@ -859,6 +859,18 @@ class RedisBinding(Binding):
                 break
         return out
 
+    def discard_dead_letters(self, queue_name: str, bodies: Sequence[bytes]) -> int:
+        """LREM of one copy per body, source list after source list (the first that held it)."""
+        removed = 0
+        keys = self.dead_letter_sources(queue_name)
+        for body in bodies:
+            for key in keys:
+                with self._guard("remove a dead letter", key):
+                    if self.client.lrem(key, 1, bytes(body)):
+                        removed += 1
+                        break
+        return removed
+
     def seen_store(self, name: str) -> RedisSeenStore:
         from .stores import RedisSeenStore
 

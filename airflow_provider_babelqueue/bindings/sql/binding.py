@@ -913,6 +913,21 @@ class SqlBinding(Binding):
             start, stop = start - count, stop - count
         return out
 
+    def discard_dead_letters(self, queue_name: str, bodies: Sequence[bytes]) -> int:
+        """Delete the oldest row holding each body, table after table (the first that held it), one
+        transaction per body."""
+        removed = 0
+        tables = self._readable()
+        for body in bodies:
+            for t in tables:
+                oldest = (sa.select(t.c.id).where(t.c.queue == queue_name, t.c.payload == bytes(body))
+                          .order_by(t.c.id).limit(1).scalar_subquery())
+                with self._guard("remove a dead letter", queue_name), self._write() as conn:
+                    if conn.execute(sa.delete(t).where(t.c.id == oldest)).rowcount:
+                        removed += 1
+                        break
+        return removed
+
     def seen_store(self, name: str) -> SqlSeenStore:
         from .stores import SqlSeenStore
 
