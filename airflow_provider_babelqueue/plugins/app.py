@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from .actions import router as actions_router
 from .auth import AUTHENTICATED
 from .console import router as console_router
+from .page import router as page_router
 from .reports import router as reports_router
 
 __all__ = ["create_app"]
@@ -26,4 +27,5 @@ def create_app() -> FastAPI:
     app.include_router(reports_router)
     app.include_router(console_router)
     app.include_router(actions_router)
+    app.include_router(page_router)
     return app

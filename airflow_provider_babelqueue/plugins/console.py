@@ -63,7 +63,11 @@ def connection_binding(conn_id: str) -> Iterator[Binding]:
 
 @router.get("/connections", dependencies=_READ)
 def connections() -> dict[str, Any]:
-    """The BabelQueue connections Airflow knows (its metadata database, and the embedded default): id and type."""
+    """The BabelQueue connections the API server can list: its metadata database, its ``AIRFLOW_CONN_*``
+    environment variables, and the embedded default; id and type only. (A secrets backend cannot be listed: a
+    connection kept there is opened by naming its id.)"""
+    import os
+
     from airflow.models.connection import Connection
     from airflow.utils.session import create_session
 
@@ -71,11 +75,30 @@ def connections() -> dict[str, Any]:
 
     with create_session() as session:
         rows = session.query(Connection.conn_id, Connection.conn_type).filter(
-            Connection.conn_type.like("babelqueue%")).order_by(Connection.conn_id).all()
-    found = [{"conn_id": conn_id, "conn_type": conn_type} for conn_id, conn_type in rows]
-    if DEFAULT_CONN_ID not in {row["conn_id"] for row in found}:
-        found.insert(0, {"conn_id": DEFAULT_CONN_ID, "conn_type": "babelqueue+sql"})
-    return {"connections": found}
+            Connection.conn_type.like("babelqueue%")).all()
+    found = {conn_id: conn_type for conn_id, conn_type in rows}
+    for key, value in os.environ.items():
+        if key.startswith("AIRFLOW_CONN_") and (conn_type := _env_conn_type(value)):
+            found.setdefault(key.removeprefix("AIRFLOW_CONN_").lower(), conn_type)
+    found.setdefault(DEFAULT_CONN_ID, "babelqueue+sql")
+    ordered = sorted(found.items(), key=lambda item: (item[0] != DEFAULT_CONN_ID, item[0]))
+    return {"connections": [{"conn_id": conn_id, "conn_type": conn_type} for conn_id, conn_type in ordered]}
+
+
+def _env_conn_type(value: str) -> str | None:
+    """The connection type of an ``AIRFLOW_CONN_*`` value (Airflow's JSON form or a URI), when it is a BabelQueue
+    one; nothing else of the value is read."""
+    import json
+
+    text = value.strip()
+    if text.startswith("{"):
+        try:
+            conn_type = json.loads(text).get("conn_type")
+        except (ValueError, AttributeError):
+            return None
+    else:
+        conn_type = text.split("://", 1)[0].replace("-", "_") if "://" in text else None
+    return conn_type if isinstance(conn_type, str) and conn_type.startswith("babelqueue") else None
 
 
 @router.get("/queues", dependencies=_READ)

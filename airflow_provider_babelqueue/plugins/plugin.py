@@ -36,10 +36,13 @@ class _BuiltOnFirstRead:
 
 class BabelQueuePlugin(AirflowPlugin):
     """Serves the Spark triage report of a task instance at ``/babelqueue/reports/...`` (the triage task's
-    "Dead-letter report" extra link opens it), behind Airflow's own login and DAG permissions.
-
-    More pages (the dead-letter console) join as routers of the same application (see :mod:`.app`).
+    "Dead-letter report" extra link opens it), behind Airflow's own login and DAG permissions, and the dead-letter
+    console (``/babelqueue/console/``, in the UI's navigation as ``BabelQueue``) behind its asset permissions.
+    Each feature is a router of the same application (see :mod:`.app`).
     """
 
     name = "babelqueue"
     fastapi_apps = _BuiltOnFirstRead()  # a list, built when first read
+    #: The dead-letter console in the Airflow UI's navigation, shown inside the UI at ``/plugin/babelqueue``.
+    external_views = [{"name": "BabelQueue", "href": f"{URL_PREFIX}/console/", "destination": "nav",
+                       "url_route": "babelqueue"}]

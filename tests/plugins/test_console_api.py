@@ -113,6 +113,7 @@ def test_connections_are_listed_without_secrets(console: Console) -> None:
     assert answer.status_code == 200
     listed = answer.json()["connections"]
     assert {"conn_id": "bq_console_db", "conn_type": "babelqueue+redis"} in listed
+    assert {"conn_id": "bq_console_sqlite", "conn_type": "babelqueue+sql"} in listed  # an AIRFLOW_CONN_* one
     assert listed[0] == {"conn_id": "babelqueue_default", "conn_type": "babelqueue+sql"}
     assert "s3cret" not in answer.text and "10.0.0.7" not in answer.text and "hidden-prefix" not in answer.text
 
@@ -274,3 +275,28 @@ def test_discard_is_refused_where_a_broker_cannot_remove_chosen_dead_letters(con
     body = {"conn_id": "bq_console_rabbitmq", "queue_name": "console-empty", "filter": {}}
     refused = console.post("/actions/discard", body)
     assert refused.status_code == 409 and "without taking its messages" in refused.json()["detail"]
+
+
+def test_the_page_and_its_files_are_served_with_a_strict_policy(console: Console) -> None:
+    from airflow_provider_babelqueue.plugins.page import CONTENT_SECURITY_POLICY
+
+    assert console.client.get("/babelqueue/console/").status_code == 401
+    page = console.client.get("/babelqueue/console/", headers={"Authorization": f"Bearer {console.tokens['viewer']}"})
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert page.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+    assert "script-src 'self'" in CONTENT_SECURITY_POLICY and "unsafe" not in CONTENT_SECURITY_POLICY
+    assert '<script src="app.js" defer></script>' in page.text and "<script>" not in page.text  # no inline script
+    for name, kind in (("app.js", "text/javascript"), ("app.css", "text/css")):
+        served = console.client.get(f"/babelqueue/console/{name}",
+                                    headers={"Authorization": f"Bearer {console.tokens['viewer']}"})
+        assert served.status_code == 200 and served.headers["content-type"].startswith(kind)
+    script = console.client.get("/babelqueue/console/app.js",
+                                headers={"Authorization": f"Bearer {console.tokens['viewer']}"}).text
+    assert "innerHTML" not in script and "insertAdjacentHTML" not in script and "eval(" not in script
+
+
+def test_the_console_is_in_the_ui_navigation() -> None:
+    from airflow_provider_babelqueue.plugins.plugin import BabelQueuePlugin
+
+    assert BabelQueuePlugin.external_views == [{"name": "BabelQueue", "href": "/babelqueue/console/",
+                                                "destination": "nav", "url_route": "babelqueue"}]

@@ -222,7 +222,8 @@ def test_every_route_of_the_plugin_checks_the_login(site: Site) -> None:
                                                 "/console/api/connections", "/console/api/queues",
                                                 "/console/api/dead-letters", "/console/api/dead-letters/{position}",
                                                 "/console/api/actions", "/console/api/actions/replay",
-                                                "/console/api/actions/export", "/console/api/actions/discard"}
+                                                "/console/api/actions/export", "/console/api/actions/discard",
+                                                "/console/", "/console/app.js", "/console/app.css"}
     assert [route.path for route in entry["app"].routes if not isinstance(route, APIRoute)] == []
     for route in routes:
         names = {getattr(call, "__qualname__", "") for call in calls(route.dependant)}
