@@ -23,3 +23,8 @@ if ! airflow db migrate >"$DEMO/db-migrate.log" 2>&1; then
     exit 1
 fi
 python -m tools.demo --output-root "$DEMO/runs"
+echo
+echo "demo: to open the dead-letter console on this Airflow home, run"
+echo "  PATH=$PWD/.venv/bin:\$PATH AIRFLOW_HOME=$AIRFLOW_HOME AIRFLOW__CORE__DAGS_FOLDER=$PWD/dags AIRFLOW__CORE__LOAD_EXAMPLES=False airflow standalone"
+echo "then open http://localhost:8080/plugin/babelqueue (user admin; its password is in"
+echo "$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated) and load the queue 'orders' on babelqueue_default."
