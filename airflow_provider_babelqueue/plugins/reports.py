@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 from typing import Annotated, Any
+from urllib.parse import quote
 
 from airflow.api_fastapi.common.db.common import SessionDep
 from fastapi import APIRouter, HTTPException, Query, Response, status
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from .auth import DagAccessEntity, dag_access
+from .auth import CurrentUser, DagAccessEntity, dag_access
 from .storage import LocationRefused, checked_location, read_limited
 
 __all__ = ["CONTENT_SECURITY_POLICY", "RESPONSE_HEADERS", "report_file", "router"]
@@ -105,6 +106,43 @@ def _serve(session: Session, dag_id: str, run_id: str, task_id: str, map_index: 
         raise HTTPException(status.HTTP_502_BAD_GATEWAY,
                             f"The {file_name} of {where} at {source!r} could not be read: {exc}") from None
     return Response(content=data, media_type=media_type, headers=RESPONSE_HEADERS)
+
+
+#: Task results looked at, newest first, for the list of reports.
+_LIST_SCAN = 2000
+
+
+@router.get("", summary="The latest triage reports the user may read")
+def list_reports(user: CurrentUser, session: SessionDep,
+                 limit: Annotated[int, Query(ge=1, le=500)] = 50) -> dict[str, Any]:
+    """The latest task results that name a triage report, in the DAGs the user may read (their runs and task
+    instances), newest first, each with the URL of its page; the console lists them."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.models.xcom import XCOM_RETURN_KEY, XComModel
+
+    readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
+    query = (select(XComModel.dag_id, XComModel.run_id, XComModel.task_id, XComModel.map_index, XComModel.timestamp,
+                    XComModel.value)
+             .where(XComModel.key == XCOM_RETURN_KEY, XComModel.dag_id.in_(readable))
+             .order_by(XComModel.timestamp.desc()).limit(_LIST_SCAN))
+    found = []
+    for row in session.execute(query):
+        value = row.value
+        if isinstance(value, str | bytes):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                continue
+        if report_file(value, "report.html") is None:
+            continue
+        path = "/".join(quote(part, safe="") for part in (row.dag_id, row.run_id, row.task_id))
+        found.append({"dag_id": row.dag_id, "run_id": row.run_id, "task_id": row.task_id, "map_index": row.map_index,
+                      "when": row.timestamp.isoformat() if row.timestamp else None,
+                      "url": f"/babelqueue/reports/{path}" + (f"?map_index={row.map_index}" if row.map_index >= 0
+                                                               else "")})
+        if len(found) >= limit:
+            break
+    return {"reports": found}
 
 
 @router.get("/{dag_id}/{run_id}/{task_id}", dependencies=_READ, response_class=Response,

@@ -198,7 +198,9 @@ def test_request_paths_cannot_name_a_file(site: Site, path: str) -> None:
     answer = site.get(path)
     assert "root:" not in answer.text and "SECRET" not in answer.text
     assert not answer.headers.get("content-security-policy", "").endswith("sandbox"), path  # not the plugin's page
-    if answer.url.path.startswith("/babelqueue/"):
+    if answer.url.path == "/babelqueue/reports":  # the list of reports: names, never a file's content
+        assert answer.status_code == 200 and set(answer.json()) == {"reports"}
+    elif answer.url.path.startswith("/babelqueue/"):
         assert answer.status_code == 404 and answer.json()["detail"].startswith(("No task instance", "Not Found"))
 
 
@@ -223,9 +225,23 @@ def test_every_route_of_the_plugin_checks_the_login(site: Site) -> None:
                                                 "/console/api/dead-letters", "/console/api/dead-letters/{position}",
                                                 "/console/api/actions", "/console/api/actions/replay",
                                                 "/console/api/actions/export", "/console/api/actions/discard",
-                                                "/console/", "/console/app.js", "/console/app.css"}
+                                                "/console/", "/console/app.js", "/console/app.css", "/reports"}
     assert [route.path for route in entry["app"].routes if not isinstance(route, APIRoute)] == []
     for route in routes:
         names = {getattr(call, "__qualname__", "") for call in calls(route.dependant)}
+        assert get_user in calls(route.dependant), route.path
+        if route.path == "/reports":  # the list: filtered to the DAGs the user may read, by the auth manager
+            continue
         needed = "requires_access_dag" if route.path.startswith("/reports/") else "requires_access_asset"
-        assert get_user in calls(route.dependant) and f"{needed}.<locals>.inner" in names, route.path
+        assert f"{needed}.<locals>.inner" in names, route.path
+
+
+def test_the_reports_are_listed_for_the_dags_a_user_may_read(site: Site) -> None:
+    assert site.get("/babelqueue/reports", user=None).status_code == 401
+    listed = site.get("/babelqueue/reports", user="viewer").json()["reports"]
+    mine = [r for r in listed if r["dag_id"] == DAG_ID and r["run_id"] == site.run_id]
+    assert {r["task_id"] for r in mine} >= {"triage"} and "triage_only" not in {r["task_id"] for r in mine}
+    [triage] = [r for r in mine if r["task_id"] == "triage"]
+    assert triage["url"] == site.url("triage")
+    assert site.get(triage["url"], user="viewer").status_code == 200
+    assert site.get("/babelqueue/reports", user="norole").json() == {"reports": []}  # no DAG it may read

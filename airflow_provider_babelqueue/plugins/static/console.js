@@ -165,6 +165,17 @@ async function loadActions() {
   }));
 }
 
+async function loadReports() {
+  const { reports } = await call("../reports?limit=20");
+  $("reports").replaceChildren(...reports.map((r) => {
+    const item = el("li");
+    item.append(el("a", `${r.dag_id} / ${r.run_id} / ${r.task_id}`, { href: r.url, target: "_blank", rel: "noopener" }),
+      el("span", ` (${r.when})`));
+    return item;
+  }));
+  if (!reports.length) $("reports").replaceChildren(el("li", "none yet: a triage task with report_output writes one"));
+}
+
 function wire() {
   $("load").addEventListener("click", () => loadPage(0));
   $("next").addEventListener("click", () => { if (state.next !== null) loadPage(state.next); });
@@ -186,6 +197,7 @@ document.addEventListener("DOMContentLoaded", async () => {
   try {
     const open = await loadConnections();
     await loadActions();
+    await loadReports();
     if ($("queue").value) {
       await loadPage(0);
       if (open !== null) await openEntry(Number(open));
