@@ -182,7 +182,8 @@ function wire() {
   $("preview").addEventListener("click", () => act("replay", Object.assign(selection(), { dry_run: true }),
     (a) => `preview: ${a.replayed} would be replayed to ${JSON.stringify(a.targets)}; skipped ${JSON.stringify(a.skipped)}`));
   $("replay").addEventListener("click", () => act("replay", Object.assign(selection(), { dry_run: false }),
-    (a) => `replayed ${a.replayed}; ${a.duplicates_avoided} already replayed before (ledger ${a.ledgers.join(", ")})`));
+    (a) => `replayed ${a.replayed}; ${a.duplicates_avoided} already replayed before` +
+      (a.ledgers.length ? ` (ledger ${a.ledgers.join(", ")})` : "")));
   $("export").addEventListener("click", () => act("export", selection(), (text) => `exported ${text.split("\n").filter(Boolean).length} drain records`));
   $("discard").addEventListener("click", () => {
     if (window.confirm("Archive the selected dead letters as drain records, then remove them from the queue?")) {
