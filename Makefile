@@ -1,5 +1,5 @@
 # The two commands: `make demo` and `make test`. Everything else is a helper they use.
-.PHONY: demo verdicts docs test bench bench-consume bench-trigger bench-body-limit crash-consume crash-trigger hostile-corpus bootstrap services lock lint typecheck spark-class-archive install-check clean
+.PHONY: demo verdicts docs test bench bench-consume bench-trigger bench-console bench-body-limit crash-consume crash-trigger hostile-corpus bootstrap services lock lint typecheck spark-class-archive install-check clean
 
 CONFORMANCE ?= ../shared/conformance
 
@@ -32,6 +32,12 @@ bench-consume: bootstrap services
 # local Airflow (docs/benchmarks.md); N=5000 messages per measurement, M=50 per broker published 1 s apart.
 bench-trigger: bootstrap services
 	.venv/bin/python benchmarks/bench_message_trigger.py --n $${N:-5000} --m $${M:-50}
+
+# Dead-letter console page latency (browse_page and its HTTP route) on a DLQ of N=1000000 per broker: Redis, SQLite,
+# PostgreSQL (docs/benchmarks.md); BROKERS and PAGES (samples per measurement, 20) narrow or widen it.
+bench-console: bootstrap services
+	.venv/bin/python benchmarks/bench_console_browse.py --n $${N:-1000000} --brokers $${BROKERS:-redis,sqlite,postgresql} \
+		--pages $${PAGES:-20}
 
 # kill -9 the batched consumer 20 times per broker (CI runs 4): 0 lost, at most one batch repeated per kill.
 crash-consume: bootstrap services
