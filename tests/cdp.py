@@ -10,7 +10,9 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import os
 import re
+import signal
 import subprocess
 import tempfile
 import time
@@ -35,9 +37,11 @@ class Browser:
 
     def __init__(self) -> None:
         assert CHROMIUM is not None, "chromium is not installed (run .ci/system.sh)"
-        self._profile = tempfile.TemporaryDirectory(prefix="bq-cdp-")
+        # Chromium's helper processes may still write to the profile as it ends: a leftover file is not an error
+        self._profile = tempfile.TemporaryDirectory(prefix="bq-cdp-", ignore_cleanup_errors=True)
         self._process = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={self._profile.name}", "about:blank"],
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                         start_new_session=True)
         port = self._port()
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as answer:
             [page] = [t for t in json.load(answer) if t["type"] == "page"]
@@ -104,6 +108,9 @@ class Browser:
         try:
             self._stack.close()
         finally:
-            self._process.kill()
+            try:
+                os.killpg(self._process.pid, signal.SIGKILL)  # the browser and its helper processes
+            except ProcessLookupError:
+                pass
             self._process.wait(timeout=30)
             self._profile.cleanup()

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..bindings.base import Binding, NotSupportedError
 from ..core.errors import EnvelopeDecodeError
-from ..core.fingerprint import exception_type, read_dead_letter
+from ..core.fingerprint import error_fingerprint, exception_type, read_dead_letter
 from ..core.frames import open_body
 
 __all__ = [
@@ -154,12 +154,14 @@ def entry_of(position: int, body: bytes) -> DeadLetterEntry:
         block = found_block if isinstance(found_block, dict) else {}
         meta = found_meta if isinstance(found_meta, dict) else {}
     error = facts.error
+    pattern = facts.error_pattern
     truncated = error is not None and len(error) > ERROR_PREVIEW
     return DeadLetterEntry(
         position=position, size=len(body), meta_id=facts.meta_id, urn=facts.urn, reason=facts.reason,
         poison=facts.poison, exception=facts.exception, exception_type=exception_type(facts.exception),
         error=error[:ERROR_PREVIEW] if truncated and error is not None else error, error_truncated=truncated,
-        error_pattern=facts.error_pattern, fingerprint=facts.fingerprint, failed_at=_whole(block.get("failed_at")),
+        error_pattern=pattern, fingerprint=error_fingerprint(facts.exception, pattern),
+        failed_at=_whole(block.get("failed_at")),
         original_queue=_text(block.get("original_queue")) or _text(meta.get("queue")),
         lang=_text(meta.get("lang")) or _text(block.get("lang")),
         trace_id=_text(envelope.get("trace_id")) if isinstance(envelope, dict) else None,
@@ -187,7 +189,8 @@ class BrowsePage:
 
 
 def _bodies(binding: Binding, queue_name: str, start: int, depth: int) -> tuple[Iterator[bytes], bool]:
-    """The stored bytes from ``start`` on, read in chunks; and whether only the head can be read."""
+    """The stored bytes from ``start`` on, read in chunks; and whether only the head can be read. (A page checks
+    its time after each dead letter, so no chunk is fetched once the time is up.)"""
     probe = binding.browse_dead_letter_raws(queue_name, start, start)
     if probe is not None:
         def chunks() -> Iterator[bytes]:
@@ -220,10 +223,10 @@ def browse_page(binding: Binding, queue_name: str, query: DeadLetterQuery | None
     if start < 0:
         raise ValueError(f"start must not be negative, got {start}")
     query = query or DeadLetterQuery()
+    deadline = time.monotonic() + time_budget  # from the start: counting and reading are part of the page's time
     depth = binding.dead_letter_depth(queue_name)
     page = BrowsePage(depth=depth)
     bodies, page.head_only = _bodies(binding, queue_name, start, depth)
-    deadline = time.monotonic() + time_budget
     position = start
     for body in bodies:
         entry = entry_of(position, body)
@@ -236,7 +239,7 @@ def browse_page(binding: Binding, queue_name: str, query: DeadLetterQuery | None
         if page.scanned >= max_scan:
             page.stopped_by = "max_scan"
             break
-        if time.monotonic() >= deadline:
+        if not page.head_only and time.monotonic() >= deadline:  # a head is read at once: going on costs no reads
             page.stopped_by = "time_budget"
             break
     else:

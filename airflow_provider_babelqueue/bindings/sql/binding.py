@@ -894,22 +894,23 @@ class SqlBinding(Binding):
 
         :param source: positions within this dead-letter table alone; ``None``: over every table in reading order."""
         out: list[bytes] = []
-        for t in self._readable():
+        tables = [t for t in self._readable() if source is None or t.name == source]
+        for index, t in enumerate(tables):
             if stop <= start or stop <= 0:
                 break
-            if source is not None and t.name != source:
-                continue
             where = t.c.queue == queue_name
-            if source is None:
+            query = (sa.select(t.c.payload).where(where).order_by(t.c.id).offset(max(start, 0))
+                     .limit(stop - max(start, 0)))
+            with self._guard("browse dead letters", queue_name), self._read() as conn:
+                rows = [bytes(row[0]) for row in conn.execute(query)]
+            out += rows
+            if len(rows) == stop - max(start, 0) or index == len(tables) - 1:
+                break  # the range is filled, or no table follows: no need to know this table's size
+            if rows:  # a short read ends the table: its size is where the rows ended
+                count = max(start, 0) + len(rows)
+            else:
                 with self._guard("count dead letters", queue_name), self._read() as conn:
                     count = int(conn.execute(sa.select(sa.func.count()).select_from(t).where(where)).scalar_one())
-            else:
-                count = stop
-            if start < count:
-                query = (sa.select(t.c.payload).where(where).order_by(t.c.id).offset(max(start, 0))
-                         .limit(min(stop, count) - max(start, 0)))
-                with self._guard("browse dead letters", queue_name), self._read() as conn:
-                    out += [bytes(row[0]) for row in conn.execute(query)]
             start, stop = start - count, stop - count
         return out
 

@@ -151,8 +151,10 @@ async function act(path, body, describe) {
     $("result").textContent = typeof answer === "string" ? answer : JSON.stringify(answer, null, 2);
     say(describe(answer));
     await loadActions();
+    return answer;
   } catch (error) {
     say(String(error.message || error), true);
+    return null;
   }
 }
 
@@ -185,10 +187,13 @@ function wire() {
     (a) => `replayed ${a.replayed}; ${a.duplicates_avoided} already replayed before` +
       (a.ledgers.length ? ` (ledger ${a.ledgers.join(", ")})` : "")));
   $("export").addEventListener("click", () => act("export", selection(), (text) => `exported ${text.split("\n").filter(Boolean).length} drain records`));
-  $("discard").addEventListener("click", () => {
-    if (window.confirm("Archive the selected dead letters as drain records, then remove them from the queue?")) {
-      act("discard", selection(), (a) => `archived ${a.archived} in ${a.archive}; removed ${a.discarded}`)
-        .then(() => loadPage(state.start));
+  $("discard").addEventListener("click", async () => {
+    if (!window.confirm("Archive the selected dead letters as drain records, then remove them from the queue?")) return;
+    const describe = (a) => `archived ${a.archived} in ${a.archive}; removed ${a.discarded}`;
+    const answer = await act("discard", selection(), describe);
+    if (answer) {
+      await loadPage(state.start);  // the rows moved up: show the queue as it is now, then say what was done
+      say(describe(answer));
     }
   });
 }
