@@ -23,6 +23,7 @@ from ..bindings.base import Binding, BindingError, NotSupportedError
 from ..core.errors import BabelQueueError
 from ..core.frames import open_body
 from ..engine.browse import DeadLetterQuery, browse_page, dead_letter_raw, entry_of
+from ..observability.metrics import gauge_dlq_depth
 
 __all__ = ["asset_access", "connection_binding", "router"]
 
@@ -104,12 +105,14 @@ def _env_conn_type(value: str) -> str | None:
 @router.get("/queues", dependencies=_READ)
 def queues(conn_id: str, queue_name: Annotated[list[str], Query()]) -> dict[str, Any]:
     """Depths of the named queues on a connection: ready messages, dead letters, each dead-letter source, and the
-    oldest dead letter's ``failed_at`` where the broker can read its dead-letter queue."""
+    oldest dead letter's ``failed_at`` where the broker can read its dead-letter queue. Each dead-letter depth is
+    also sent as the ``babelqueue.dlq_depth.<conn>.<queue>`` gauge."""
     out = []
     with connection_binding(conn_id) as binding:
         for name in queue_name:
-            row: dict[str, Any] = {"queue_name": name, "depth": binding.depth(name),
-                                   "dead_letter_depth": binding.dead_letter_depth(name),
+            dead = binding.dead_letter_depth(name)
+            gauge_dlq_depth(conn_id, name, dead)
+            row: dict[str, Any] = {"queue_name": name, "depth": binding.depth(name), "dead_letter_depth": dead,
                                    "dead_letter_sources": binding.dead_letter_sources(name),
                                    "can_browse": binding.can_browse, "oldest_failed_at": None}
             if row["dead_letter_depth"]:
