@@ -573,6 +573,12 @@ class Binding(abc.ABC):
         raise NotSupportedError(f"the {self.name} binding cannot remove chosen dead letters; drain the queue "
                                 "instead")
 
+    def browse_dead_letter_bytes(self, queue_name: str, start: int, stop: int) -> list[bytes] | None:
+        """The stored bytes of DLQ positions ``start``..``stop`` - 1 over every dead-letter source in reading order,
+        nothing reserved or removed, for a console's pages (which read what triage reads: the bytes). ``None``:
+        the binding reads no position but the head. By default :meth:`browse_dead_letter_raws`."""
+        return self.browse_dead_letter_raws(queue_name, start, stop)
+
     def browse_dead_letter_raws(self, queue_name: str, start: int, stop: int, *,
                                 source: str | None = None) -> list[bytes] | None:
         """The stored bytes of DLQ positions ``start``..``stop`` - 1, nothing reserved or removed, for a browse

@@ -7,7 +7,7 @@ the one definition) and where it came from (its position and source). A filter t
 page read the whole queue, so a page stops after ``max_scan`` dead letters or ``time_budget`` seconds, whichever
 comes first, and says where the next read starts (``next_position``): the caller asks again from there.
 
-Brokers: one that reads stored bytes by position (:meth:`Binding.browse_dead_letter_raws`: Redis, SQL) pages to
+Brokers: one that reads stored bytes by position (:meth:`Binding.browse_dead_letter_bytes`: Redis, SQL) pages to
 any depth; one that can only peek from the head (:attr:`Binding.can_browse`: Azure Service Bus) serves the first
 :data:`HEAD_LIMIT` dead letters; RabbitMQ, SQS and Pulsar cannot read a queue without taking its messages and
 raise :class:`NotSupportedError` (their depth is still known). Pure module: no Airflow import.
@@ -191,12 +191,12 @@ class BrowsePage:
 def _bodies(binding: Binding, queue_name: str, start: int, depth: int) -> tuple[Iterator[bytes], bool]:
     """The stored bytes from ``start`` on, read in chunks; and whether only the head can be read. (A page checks
     its time after each dead letter, so no chunk is fetched once the time is up.)"""
-    probe = binding.browse_dead_letter_raws(queue_name, start, start)
+    probe = binding.browse_dead_letter_bytes(queue_name, start, start)
     if probe is not None:
         def chunks() -> Iterator[bytes]:
             position = start
             while True:  # to the end, not the depth: the depth leaves out dead letters a drain holds reserved
-                raws = binding.browse_dead_letter_raws(queue_name, position, position + CHUNK)
+                raws = binding.browse_dead_letter_bytes(queue_name, position, position + CHUNK)
                 if not raws:
                     return
                 yield from raws
@@ -251,7 +251,7 @@ def browse_page(binding: Binding, queue_name: str, query: DeadLetterQuery | None
 
 def dead_letter_raw(binding: Binding, queue_name: str, position: int) -> bytes | None:
     """The stored bytes of the dead letter at ``position`` (``None``: no dead letter there any more)."""
-    raws = binding.browse_dead_letter_raws(queue_name, position, position + 1)
+    raws = binding.browse_dead_letter_bytes(queue_name, position, position + 1)
     if raws is None:
         if not binding.can_browse:
             return None

@@ -58,7 +58,7 @@ def _fill(conn_id: str, queue: str) -> list[bytes]:
             else:
                 binding.dead_letter(message, bq.Reason.UNKNOWN_URN, error="no handler")
         binding.publish(bodies[0], queue)  # one ready message
-        return [binding.browse_dead_letter_raws(queue, i, i + 1)[0] for i in range(4)]  # type: ignore[index]
+        return [binding.browse_dead_letter_bytes(queue, i, i + 1)[0] for i in range(4)]  # type: ignore[index]
     finally:
         hook.close()
 

@@ -153,7 +153,7 @@ def test_an_operator_filters_opens_replays_once_and_discards_with_archive_in_the
     _fill("bq_console", queue)
     hook = get_hook("bq_console")
     binding = hook.get_binding()
-    stored = binding.browse_dead_letter_raws(queue, 0, 6)
+    stored = binding.browse_dead_letter_bytes(queue, 0, 6)
     try:
         with _api_server(home, env, tmp_path) as base, Browser() as browser:
             page = f"{base}/babelqueue/console/#" + urlencode({"conn_id": "bq_console", "queue_name": queue})
@@ -208,7 +208,7 @@ def test_an_operator_filters_opens_replays_once_and_discards_with_archive_in_the
             archive = Path(said.split(" in ", 1)[1].split(";", 1)[0])
             assert said.endswith("removed 1") and archive.is_relative_to(tmp_path / "runs")
             assert [record_body(json.loads(line)) for line in archive.read_bytes().splitlines()] == [stored[2]]
-            assert binding.browse_dead_letter_raws(queue, 0, 6) == [stored[i] for i in (0, 1, 3, 4, 5)]
+            assert binding.browse_dead_letter_bytes(queue, 0, 6) == [stored[i] for i in (0, 1, 3, 4, 5)]
             actions = browser.wait("document.querySelectorAll('#actions tr').length >= 4 && "
                                    "[...document.querySelectorAll('#actions tr')].map(r => r.children[2].textContent)")
             assert actions[:4] == ["discard", "replay", "replay", "replay_preview"]

@@ -887,14 +887,14 @@ class SqlBinding(Binding):
             out += [self._message(row, queue_name, True, None, t.name) for row in rows]
         return out
 
-    def browse_dead_letter_raws(self, queue_name: str, start: int, stop: int, *,
-                                source: str | None = None) -> list[bytes]:
+    def browse_dead_letter_bytes(self, queue_name: str, start: int, stop: int) -> list[bytes]:
         """The stored bytes of the queue's dead letters ``start``..``stop`` - 1, reserved or not, oldest first, table
-        after table (a COUNT per table before the one the positions start in); nothing is changed.
+        after table (a table's rows are counted only when a read starts past its end); nothing is changed.
 
-        :param source: positions within this dead-letter table alone; ``None``: over every table in reading order."""
+        Not :meth:`browse_dead_letter_raws`: a drain must keep what the columns say beside the bytes (the reason
+        and error of a body that could not be annotated), so it browses messages here."""
         out: list[bytes] = []
-        tables = [t for t in self._readable() if source is None or t.name == source]
+        tables = self._readable()
         for index, t in enumerate(tables):
             if stop <= start or stop <= 0:
                 break
