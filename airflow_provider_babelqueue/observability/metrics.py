@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
@@ -68,7 +68,7 @@ def timing(name: str, seconds: float, **tags: Any) -> None:
     _stats().timing(f"{PREFIX}.{name}", timedelta(seconds=seconds), tags=_tags(tags))
 
 
-def count_consumed(counts: Mapping[str, Any], dead_lettered: Iterable[tuple[str, int]], **tags: Any) -> None:
+def count_consumed(counts: Mapping[str, Any], **tags: Any) -> None:
     """The counters of one consume run, from its summary's counts (``ConsumeSummary.as_dict()``)."""
     count("consumed", int(counts.get("received", 0)), **tags)
     count("handled", int(counts.get("handled", 0)), **tags)
@@ -77,7 +77,7 @@ def count_consumed(counts: Mapping[str, Any], dead_lettered: Iterable[tuple[str,
     count("skipped.unknown_urn", int(counts.get("deleted_unknown", 0)) + int(counts.get("released_unknown", 0)),
           **tags)
     count("unmatched", int(counts.get("unmatched", 0)), **tags)
-    for reason, value in dead_lettered:
+    for reason, value in counts.get("dead_lettered", {}).items():
         count(f"dead_lettered.{metric_part(reason)}", value, reason=reason, **tags)
 
 

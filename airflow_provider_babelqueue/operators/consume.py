@@ -257,7 +257,7 @@ class BabelQueueConsumeOperator(BaseOperator):
                 store_hook.close()
             if consumer is not None:  # what the run did, also when it failed part way
                 tags = {"conn_id": self.babelqueue_conn_id, "queue_name": self.queue_name}
-                metrics.count_consumed(consumer.summary.as_dict(), consumer.summary.dead_lettered.items(), **tags)
+                metrics.count_consumed(consumer.summary.as_dict(), **tags)
                 metrics.timing("consume.duration", time.monotonic() - started, **tags)
         counts = run.as_dict()
         self.log.info("consumed %s: %s", self.queue_name, counts)

@@ -149,11 +149,14 @@ class BabelQueueDrainDeadLettersOperator(BaseOperator):
         self.batch_records = batch_records
         self.progress_every = progress_every
 
-    def execute(self, context: Context) -> dict[str, Any]:
+    def _pairs(self) -> list[tuple[str, str]]:
+        """The ``(conn id, queue)`` sources this run drains."""
         if self.sources is not None:
-            pairs = _normalise_sources(self.sources)
-        else:
-            pairs = [(self.babelqueue_conn_id, str(self.queue_name))]
+            return _normalise_sources(self.sources)
+        return [(self.babelqueue_conn_id, str(self.queue_name))]
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        pairs = self._pairs()
         max_messages = parse_count(self.max_messages, "max_messages")
         max_bytes = parse_count(self.max_bytes, "max_bytes")
         with ExitStack() as stack:
@@ -192,6 +195,4 @@ class BabelQueueDrainDeadLettersOperator(BaseOperator):
         (:func:`~airflow_provider_babelqueue.lineage.drain_lineage`); ``None`` when OpenLineage is not installed."""
         from ..lineage import drain_lineage, run_result, to_operator_lineage
 
-        pairs = (_normalise_sources(self.sources) if self.sources is not None
-                 else [(self.babelqueue_conn_id, str(self.queue_name))])
-        return to_operator_lineage(drain_lineage(pairs, run_result(task_instance)))
+        return to_operator_lineage(drain_lineage(self._pairs(), run_result(task_instance)))

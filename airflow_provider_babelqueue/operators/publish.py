@@ -17,6 +17,10 @@ from ..observability.tracing import tracer_for
 __all__ = ["BabelQueuePublishOperator"]
 
 
+def _meta_ids(bodies: list[bytes]) -> list[str]:
+    return [bq.meta_id_of(bq.decode(body)) for body in bodies]
+
+
 class BabelQueuePublishOperator(BaseOperator):
     """Build and publish BabelQueue envelopes; returns the published ``meta.id`` values (XCom).
 
@@ -115,12 +119,14 @@ class BabelQueuePublishOperator(BaseOperator):
             tracer = tracer_for(binding, conn_id=self.babelqueue_conn_id)
             if tracer is None:
                 bodies = self._bodies()
+                ids = _meta_ids(bodies)
                 self._send(binding, bodies, self.headers)
             else:
                 count = 1 if isinstance(self.data, Mapping) else len(self.envelopes or self.data or [])
                 with tracer.send(self.queue_name, count, trace_id=self._shared_trace_id(), urn=self.urn) as span:
                     bodies = self._bodies(span.trace_id)
-                    span.message_ids([bq.meta_id_of(bq.decode(body)) for body in bodies[:2]])
+                    ids = _meta_ids(bodies)
+                    span.message_ids(ids)
                     self._send(binding, bodies, span.headers(self.headers))  # a failure is recorded on the span
         finally:
             hook.close()
@@ -128,7 +134,7 @@ class BabelQueuePublishOperator(BaseOperator):
         metrics.count("published", len(bodies), **tags)
         metrics.timing("publish.duration", time.monotonic() - started, **tags)
         self.log.info("published %d message(s) to %s via %s", len(bodies), self.queue_name, self.babelqueue_conn_id)
-        return [bq.meta_id_of(bq.decode(body)) for body in bodies]
+        return ids
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage's ``OperatorLineage`` of the run (the provider's listener calls this when the task ended): the

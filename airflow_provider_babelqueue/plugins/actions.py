@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 from ..bindings.base import Binding
 from ..core.records import RecordTemplate
 from ..engine.browse import DeadLetterQuery, SelectionChanged, matching, selected
+from ..engine.drain.sinks import safe_segment
 from ..engine.replay import Item, Replayer
 from .auth import CurrentUser
 from .console import asset_access, connection_binding
@@ -103,6 +104,14 @@ def _bodies(binding: Binding, request: Selection) -> list[bytes]:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
 
 
+def _records(binding: Binding, request: Selection, bodies: list[bytes], drained_at: int) -> list[bytes]:
+    """The selection's drain records (export and discard's archive write the same)."""
+    template = RecordTemplate(broker=binding.name, queue_name=request.queue_name,
+                              dead_letter_queue=binding.dead_letter_name(request.queue_name),
+                              source_conn_id=request.conn_id)
+    return template.of_raws(bodies, RecordTemplate.stamp(drained_at))
+
+
 def _audit(action: str, user: Any, request: Selection, **details: Any) -> None:
     """One row of Airflow's audit log for the action."""
     from airflow.models.log import Log
@@ -141,11 +150,7 @@ def replay(request: ReplayRequest, user: CurrentUser) -> dict[str, Any]:
 def export(request: Selection, user: CurrentUser) -> StreamingResponse:
     """The selection as drain records, one JSON Lines record per dead letter (``docs/drain-records.md``)."""
     with connection_binding(request.conn_id) as binding:
-        bodies = _bodies(binding, request)
-        template = RecordTemplate(broker=binding.name, queue_name=request.queue_name,
-                                  dead_letter_queue=binding.dead_letter_name(request.queue_name),
-                                  source_conn_id=request.conn_id)
-    records = template.of_raws(bodies, RecordTemplate.stamp(int(time.time() * 1000)))
+        records = _records(binding, request, _bodies(binding, request), int(time.time() * 1000))
     _audit("export", user, request, exported=len(records))
 
     def lines() -> Iterator[bytes]:
@@ -167,15 +172,12 @@ def discard(request: Selection, user: CurrentUser) -> dict[str, Any]:
 
     with connection_binding(request.conn_id) as binding:
         bodies = _bodies(binding, request)
-        template = RecordTemplate(broker=binding.name, queue_name=request.queue_name,
-                                  dead_letter_queue=binding.dead_letter_name(request.queue_name),
-                                  source_conn_id=request.conn_id)
         stamp = int(time.time() * 1000)
         folder = "/".join((default_output_root().rstrip("/"), "console", _segment(request.conn_id),
                            _segment(request.queue_name)))
         sink: Sink = open_destination(folder, f"discard-{stamp}")
         try:
-            sink.write(b"".join(template.of_raws(bodies, RecordTemplate.stamp(stamp))))
+            sink.write(b"".join(_records(binding, request, bodies, stamp)))
             sink.sync()
             sink.close()
         except BaseException:
@@ -189,9 +191,8 @@ def discard(request: Selection, user: CurrentUser) -> dict[str, Any]:
 
 
 def _segment(text: str) -> str:
-    """A path segment from a connection id or queue name (no separators, no dot-only names)."""
-    cleaned = "".join(c if c.isalnum() or c in "-_." else "_" for c in text).strip(".")
-    return cleaned or "_"
+    """A path segment from a connection id or queue name (the drain files' rule, and never ``.`` or ``..``)."""
+    return safe_segment(text).strip(".") or "_"
 
 
 @router.get("", dependencies=_READ)

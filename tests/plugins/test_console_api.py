@@ -16,6 +16,7 @@ from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.hooks import get_hook
 from tests.bindings.conftest import reserve_all
 from tests.connections import SPECS
+from tests.observability.test_metrics import StatsdListener, statsd  # noqa: F401 - statsd is a fixture
 from tests.plugins.common import airflow_api_client
 
 pytestmark = pytest.mark.timeout(300)
@@ -302,22 +303,7 @@ def test_the_console_is_in_the_ui_navigation() -> None:
                                                 "destination": "nav", "url_route": "babelqueue"}]
 
 
-def test_reading_depths_sends_the_dlq_depth_gauge(console: Console, monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow.sdk._shared.observability.metrics.base_stats_logger import NoStatsLogger
-    from airflow.sdk.observability import stats
-    from airflow.sdk.observability.metrics import stats_utils
-
-    from tests.observability.test_metrics import StatsdListener
-
-    listener = StatsdListener()
-    monkeypatch.setenv("AIRFLOW__METRICS__STATSD_ON", "True")
-    monkeypatch.setenv("AIRFLOW__METRICS__STATSD_HOST", "127.0.0.1")
-    monkeypatch.setenv("AIRFLOW__METRICS__STATSD_PORT", str(listener.port))
-    stats.initialize(factory=stats_utils.get_stats_factory(), export_legacy_names=False)
-    try:
-        assert console.get("/queues", conn_id="bq_console_sqlite", queue_name=[console.queue]).status_code == 200
-        name = f"airflow.babelqueue.dlq_depth.bq_console_sqlite.{console.queue.replace('.', '_')}"
-        assert f"{name}:4|g" in listener.collect()
-    finally:
-        stats.initialize(factory=NoStatsLogger, export_legacy_names=True)
-        listener.sock.close()
+def test_reading_depths_sends_the_dlq_depth_gauge(console: Console, statsd: StatsdListener) -> None:  # noqa: F811
+    assert console.get("/queues", conn_id="bq_console_sqlite", queue_name=[console.queue]).status_code == 200
+    name = f"airflow.babelqueue.dlq_depth.bq_console_sqlite.{console.queue.replace('.', '_')}"
+    assert f"{name}:4|g" in statsd.collect()

@@ -60,6 +60,17 @@ def _fill(conn_id: str, queue: str) -> None:
         hook.close()
 
 
+def _filled_queue(home: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> str:
+    """The SQLite connection ``bq_console`` in ``home``, for this process and the API server's, and a new queue on
+    it filled by :func:`_fill`; returns the queue's name."""
+    queue = f"orders-{uuid.uuid4().hex[:6]}"
+    connection = json.dumps({"conn_type": "babelqueue+sql", "host": str(home / "console.sqlite")})
+    env["AIRFLOW_CONN_BQ_CONSOLE"] = connection
+    monkeypatch.setenv("AIRFLOW_CONN_BQ_CONSOLE", connection)
+    _fill("bq_console", queue)
+    return queue
+
+
 @contextmanager
 def _api_server(home: Path, env: dict[str, str], tmp_path: Path) -> Iterator[str]:
     """A real ``airflow api-server`` on loopback for ``home``; yields its base URL once it is healthy."""
@@ -101,11 +112,7 @@ def test_the_console_page_shows_a_filtered_queue_and_one_dead_letter(
     if CHROMIUM is None:
         pytest.skip("chromium is not installed (run .ci/system.sh)")
     home, env = airflow_home
-    queue = f"orders-{uuid.uuid4().hex[:6]}"
-    connection = json.dumps({"conn_type": "babelqueue+sql", "host": str(home / "console.sqlite")})
-    env["AIRFLOW_CONN_BQ_CONSOLE"] = connection
-    monkeypatch.setenv("AIRFLOW_CONN_BQ_CONSOLE", connection)
-    _fill("bq_console", queue)
+    queue = _filled_queue(home, env, monkeypatch)
     with _api_server(home, env, tmp_path) as base:
         viewer = _token(base, "viewer")
         status, body, _ = _http("GET", f"{base}/api/v2/plugins", viewer)
@@ -145,12 +152,8 @@ def test_an_operator_filters_opens_replays_once_and_discards_with_archive_in_the
     from tests.cdp import Browser
 
     home, env = airflow_home
-    queue = f"orders-{uuid.uuid4().hex[:6]}"
-    connection = json.dumps({"conn_type": "babelqueue+sql", "host": str(home / "console.sqlite")})
-    env["AIRFLOW_CONN_BQ_CONSOLE"] = connection
     env["AIRFLOW__BABELQUEUE__OUTPUT_ROOT"] = str(tmp_path / "runs")
-    monkeypatch.setenv("AIRFLOW_CONN_BQ_CONSOLE", connection)
-    _fill("bq_console", queue)
+    queue = _filled_queue(home, env, monkeypatch)
     hook = get_hook("bq_console")
     binding = hook.get_binding()
     stored = binding.browse_dead_letter_bytes(queue, 0, 6)
