@@ -1,8 +1,10 @@
 """Headless Chromium driven over the Chrome DevTools Protocol, for tests that click through a page.
 
 The system's Chromium (:data:`tests.browser.CHROMIUM`) is started with a DevTools port; the test talks to its
-page over a WebSocket (the ``websockets`` package Airflow's API server already depends on): navigate, set a
-cookie, evaluate JavaScript (clicks are ``element.click()``), wait for a condition, take a screenshot.
+page over a WebSocket (the ``websockets`` package Airflow's API server already depends on): navigate, set or
+read cookies, evaluate JavaScript (``element.click()`` in the page), type into a field and click an element as a
+person does (key and mouse events, :meth:`Browser.type` and :meth:`Browser.click`), wait for a condition, take a
+screenshot. The events the page sends (requests, console and log messages) are kept in :attr:`Browser.events`.
 """
 
 from __future__ import annotations
@@ -48,8 +50,11 @@ class Browser:
         self._stack = ExitStack()
         self._socket = self._stack.enter_context(connect(page["webSocketDebuggerUrl"], max_size=64 * 1024 * 1024))
         self._ids = itertools.count(1)
+        #: Every event received so far (``{"method": ..., "params": ...}``), oldest first.
+        self.events: list[dict[str, Any]] = []
         self.call("Page.enable")
         self.call("Network.enable")
+        self.call("Log.enable")  # the browser's own messages, e.g. a content security policy's refusals
 
     def _port(self) -> int:
         assert self._process.stderr is not None
@@ -62,7 +67,7 @@ class Browser:
         raise RuntimeError("Chromium did not open its DevTools port")
 
     def call(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Send one command and return its result (events in between are dropped)."""
+        """Send one command and return its result (events in between go to :attr:`events`)."""
         ident = next(self._ids)
         self._socket.send(json.dumps({"id": ident, "method": method, "params": params or {}}))
         while True:
@@ -71,9 +76,15 @@ class Browser:
                 if "error" in message:
                     raise RuntimeError(f"{method}: {message['error']}")
                 return dict(message.get("result", {}))
+            if "method" in message:
+                self.events.append(message)
 
     def cookie(self, url: str, name: str, value: str) -> None:
         self.call("Network.setCookie", {"url": url, "name": name, "value": value})
+
+    def cookies(self, url: str) -> dict[str, str]:
+        """The cookies the browser holds for ``url``, by name."""
+        return {c["name"]: c["value"] for c in self.call("Network.getCookies", {"urls": [url]})["cookies"]}
 
     def go(self, url: str) -> None:
         self.call("Page.navigate", {"url": url})
@@ -97,6 +108,29 @@ class Browser:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{condition} stayed false; the page says: {self.run('document.body.innerText')}")
             time.sleep(0.1)
+
+    def click(self, selector: str) -> None:
+        """Click the element ``selector`` finds with the mouse (pressed and released at its centre), as a person
+        does: the click lands on whatever is drawn there, so a covered or disabled element does not get it."""
+        box = self.wait(f"(() => {{ const e = document.querySelector({json.dumps(selector)}); if (!e) return null;"
+                        " e.scrollIntoView({block: 'center'}); const r = e.getBoundingClientRect();"
+                        " const x = r.x + r.width / 2, y = r.y + r.height / 2;"
+                        " return e.contains(document.elementFromPoint(x, y)) ? {x, y} : null; })()")
+        at = {"x": box["x"], "y": box["y"]}
+        self.call("Input.dispatchMouseEvent", {"type": "mouseMoved", **at})
+        self.call("Input.dispatchMouseEvent", {"type": "mousePressed", **at, "button": "left", "buttons": 1,
+                                               "clickCount": 1})
+        self.call("Input.dispatchMouseEvent", {"type": "mouseReleased", **at, "button": "left", "buttons": 0,
+                                               "clickCount": 1})
+
+    def type(self, selector: str, text: str) -> None:
+        """Click into the field ``selector`` finds and type ``text`` into it key by key (printable ASCII)."""
+        self.click(selector)
+        self.wait(f"document.activeElement === document.querySelector({json.dumps(selector)})")
+        for char in text:
+            assert " " <= char <= "~", f"cannot type {char!r}"
+            self.call("Input.dispatchKeyEvent", {"type": "keyDown", "key": char, "text": char})
+            self.call("Input.dispatchKeyEvent", {"type": "keyUp", "key": char})
 
     def screenshot(self, path: Path) -> None:
         path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", {"format": "png"})["data"]))

@@ -565,6 +565,11 @@ class Binding(abc.ABC):
         """Read up to ``limit`` DLQ messages without removing them."""
         raise NotSupportedError(f"the {self.name} binding cannot browse a dead-letter queue without removing")
 
+    @property
+    def can_discard(self) -> bool:
+        """Whether :meth:`discard_dead_letters` is offered (asked before a console archives what it would remove)."""
+        return type(self).discard_dead_letters is not Binding.discard_dead_letters
+
     def discard_dead_letters(self, queue_name: str, bodies: Sequence[bytes]) -> int:
         """Remove one stored copy of each body from the queue's dead letters (the oldest, over every dead-letter
         source in reading order) and return how many were removed: a body no longer there (taken by a drain
@@ -572,6 +577,13 @@ class Binding(abc.ABC):
         reservations are acked instead."""
         raise NotSupportedError(f"the {self.name} binding cannot remove chosen dead letters; drain the queue "
                                 "instead")
+
+    def dead_letters_failed_since(self, queue_name: str, since_ms: int, *,
+                                  max_scan: int = 20_000) -> tuple[int, bool] | None:
+        """How many of the queue's dead letters failed at or after ``since_ms`` (Unix milliseconds), for a console's
+        "arrivals in the last hour", and whether the count is whole (``False``: at least that many, the binding
+        stopped after reading ``max_scan`` dead letters). ``None``: the broker cannot tell without taking them."""
+        return None
 
     def browse_dead_letter_bytes(self, queue_name: str, start: int, stop: int) -> list[bytes] | None:
         """The stored bytes of DLQ positions ``start``..``stop`` - 1 over every dead-letter source in reading order,

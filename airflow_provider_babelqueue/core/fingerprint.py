@@ -204,6 +204,7 @@ class DeadLetterFacts:
         ``poison``).
     :ivar exception: ``dead_letter.exception`` (blank as ``None``).
     :ivar error: ``dead_letter.error``; for an unreadable body, the reader's own text (:data:`OWN_POISON_ERRORS`).
+    :ivar failed_at: ``dead_letter.failed_at`` (Unix milliseconds) when the block has a whole number there.
     """
 
     meta_id: str | None
@@ -212,6 +213,7 @@ class DeadLetterFacts:
     poison: bool
     exception: str | None
     error: str | None
+    failed_at: int | None = None
 
     @property
     def exception_type(self) -> str | None:
@@ -259,14 +261,16 @@ def read_dead_letter(body: bytes, envelope: Mapping[str, Any] | None = None) -> 
     exception = _blank_is_none(_block_text(block, "exception"))
     error = _block_text(block, "error")
     reason = _blank_is_none(_block_text(block, "reason"))
+    stamp = block.get("failed_at") if block is not None else None
+    failed_at = stamp if isinstance(stamp, int) and not isinstance(stamp, bool) else None
     wrapper = poison_wrapper(envelope)
     if wrapper is not None:  # the SDK's reason, error and exception, kept beside bytes it could not annotate
         reason = reason or str(Reason.POISON)
         poison = reason == Reason.POISON
         if poison and error is None:
             error = POISON_WRAPPED
-        return DeadLetterFacts(None, None, reason, poison, exception, error)
+        return DeadLetterFacts(None, None, reason, poison, exception, error, failed_at)
     meta = envelope.get("meta")
     meta_id = _blank_is_none(_json_text(meta.get("id"))) if isinstance(meta, Mapping) else None
     urn = _blank_is_none(_json_text(envelope.get("job"))) or _blank_is_none(_json_text(envelope.get("urn")))
-    return DeadLetterFacts(meta_id, urn, reason or UNANNOTATED, False, exception, error)
+    return DeadLetterFacts(meta_id, urn, reason or UNANNOTATED, False, exception, error, failed_at)

@@ -24,16 +24,18 @@ from typing import Any
 from ..bindings.base import Binding, NotSupportedError
 from ..core.errors import EnvelopeDecodeError
 from ..core.fingerprint import error_fingerprint, exception_type, read_dead_letter
-from ..core.frames import open_body
+from ..core.frames import frame_headers, open_body
 
 __all__ = [
     "CHUNK",
     "HEAD_LIMIT",
     "BrowsePage",
+    "MatchScan",
     "DeadLetterEntry",
     "DeadLetterQuery",
     "SelectionChanged",
     "browse_page",
+    "dead_letter_headers",
     "dead_letter_raw",
     "entry_of",
     "matching",
@@ -44,6 +46,7 @@ __all__ = [
 CHUNK = 500
 #: How far a broker that can only peek from the head is read.
 HEAD_LIMIT = 1000
+_CANNOT_READ = "the {} binding cannot read a dead-letter queue without taking its messages"
 #: Characters of the error an entry carries (the whole text is in the dead letter itself).
 ERROR_PREVIEW = 500
 
@@ -161,7 +164,7 @@ def entry_of(position: int, body: bytes) -> DeadLetterEntry:
         poison=facts.poison, exception=facts.exception, exception_type=exception_type(facts.exception),
         error=error[:ERROR_PREVIEW] if truncated and error is not None else error, error_truncated=truncated,
         error_pattern=pattern, fingerprint=error_fingerprint(facts.exception, pattern),
-        failed_at=_whole(block.get("failed_at")),
+        failed_at=facts.failed_at,
         original_queue=_text(block.get("original_queue")) or _text(meta.get("queue")),
         lang=_text(meta.get("lang")) or _text(block.get("lang")),
         trace_id=_text(envelope.get("trace_id")) if isinstance(envelope, dict) else None,
@@ -203,9 +206,8 @@ def _bodies(binding: Binding, queue_name: str, start: int, depth: int) -> tuple[
                 position += len(raws)
         return chunks(), False
     if not binding.can_browse:
-        raise NotSupportedError(
-            f"the {binding.name} binding cannot read a dead-letter queue without taking its messages; the console "
-            f"shows its depth ({depth}) and works on it through a drain")
+        raise NotSupportedError(_CANNOT_READ.format(binding.name) + f"; the console shows its depth ({depth}) and "
+                                "works on it through a drain")
     head = binding.browse_dead_letters(queue_name, limit=HEAD_LIMIT)
     return iter([message.body for message in head[start:]]), True
 
@@ -250,14 +252,43 @@ def browse_page(binding: Binding, queue_name: str, query: DeadLetterQuery | None
 
 
 def dead_letter_raw(binding: Binding, queue_name: str, position: int) -> bytes | None:
-    """The stored bytes of the dead letter at ``position`` (``None``: no dead letter there any more)."""
+    """The stored bytes of the dead letter at ``position`` (``None``: no dead letter there any more).
+
+    :raises NotSupportedError: the broker cannot read its dead letters without taking them."""
     raws = binding.browse_dead_letter_bytes(queue_name, position, position + 1)
     if raws is None:
         if not binding.can_browse:
-            return None
+            raise NotSupportedError(_CANNOT_READ.format(binding.name))
         head = binding.browse_dead_letters(queue_name, limit=min(position + 1, HEAD_LIMIT))
         return head[position].body if position < len(head) else None
     return raws[0] if raws else None
+
+
+def dead_letter_headers(binding: Binding, queue_name: str, position: int, raw: bytes) -> dict[str, Any]:
+    """The headers of the dead letter at ``position``, whose stored bytes are ``raw``: a header frame's headers
+    where the bytes are all the broker keeps (Redis, SQL), else the native properties the broker reads with it (a
+    head read: Service Bus), each value as JSON gives it or as text."""
+    if binding.browse_dead_letter_bytes(queue_name, 0, 0) is not None or not binding.can_browse:
+        return frame_headers(raw)
+    head = binding.browse_dead_letters(queue_name, limit=min(position + 1, HEAD_LIMIT))
+    if position >= len(head) or head[position].body != raw:
+        return frame_headers(raw)
+    return {str(key): _plain(value) for key, value in head[position].headers.items()}
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return value.hex()
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return str(value)
 
 
 class SelectionChanged(ValueError):
@@ -297,3 +328,42 @@ def matching(binding: Binding, queue_name: str, query: DeadLetterQuery, max_item
                 raise ValueError(f"more than {max_items} dead letters match; narrow the filter")
             out.append(body)
     return out
+
+
+class MatchScan:
+    """Every dead letter that passes a query, read from the oldest in chunks, for an action too large for one
+    request (a console's background job): :meth:`next_chunk` gives the matches of the next :data:`CHUNK` dead
+    letters read, and a caller that removed some of them says so with :meth:`removed`, so the read goes on where
+    the remaining dead letters now are. Dead letters taken from before the read position meanwhile (a drain) move
+    the rest forward; those are read on the next run.
+
+    :raises NotSupportedError: the binding reads no position but the head (an action on it fits in one request).
+    """
+
+    def __init__(self, binding: Binding, queue_name: str, query: DeadLetterQuery) -> None:
+        if binding.browse_dead_letter_bytes(queue_name, 0, 0) is None:
+            raise NotSupportedError(
+                f"the {binding.name} binding cannot read dead letters by position; an action on its first "
+                f"{HEAD_LIMIT} dead letters runs within the request" if binding.can_browse else
+                _CANNOT_READ.format(binding.name) + "; drain it and replay the drained records instead")
+        self.binding, self.queue_name, self.query = binding, queue_name, query
+        self.position = 0
+        self.scanned = 0
+        self.matched = 0
+        self.done = False
+
+    def next_chunk(self) -> list[bytes]:
+        """The stored bytes of the matching dead letters among the next ones read (possibly none); :attr:`done`
+        once the end was reached."""
+        raws = self.binding.browse_dead_letter_bytes(self.queue_name, self.position, self.position + CHUNK) or []
+        if len(raws) < CHUNK:
+            self.done = True
+        out = [body for offset, body in enumerate(raws) if self.query.matches(entry_of(self.position + offset, body))]
+        self.position += len(raws)
+        self.scanned += len(raws)
+        self.matched += len(out)
+        return out
+
+    def removed(self, count: int) -> None:
+        """``count`` of the dead letters already read were removed from the queue."""
+        self.position = max(self.position - count, 0)

@@ -13,6 +13,7 @@ pool), and each opens the connection's hook and closes it when it answered.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
@@ -22,7 +23,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, status
 from ..bindings.base import Binding, BindingError, NotSupportedError
 from ..core.errors import BabelQueueError
 from ..core.frames import open_body
-from ..engine.browse import DeadLetterQuery, browse_page, dead_letter_raw, entry_of
+from ..engine.browse import DeadLetterQuery, browse_page, dead_letter_headers, dead_letter_raw, entry_of
 from ..observability.metrics import gauge_dlq_depth
 
 __all__ = ["asset_access", "connection_binding", "router"]
@@ -38,6 +39,7 @@ def asset_access(method: str) -> list[Any]:
 
 
 _READ = asset_access("GET")
+HOUR_MS = 3_600_000
 
 Names = Annotated[list[str] | None, Query()]
 
@@ -104,9 +106,11 @@ def _env_conn_type(value: str) -> str | None:
 
 @router.get("/queues", dependencies=_READ)
 def queues(conn_id: str, queue_name: Annotated[list[str], Query()]) -> dict[str, Any]:
-    """Depths of the named queues on a connection: ready messages, dead letters, each dead-letter source, and the
-    oldest dead letter's ``failed_at`` where the broker can read its dead-letter queue. Each dead-letter depth is
-    also sent as the ``babelqueue.dlq_depth.<conn>.<queue>`` gauge."""
+    """Depths of the named queues on a connection: ready messages, dead letters, each dead-letter source, the
+    oldest dead letter's ``failed_at`` where the broker can read its dead-letter queue, and the dead letters that
+    arrived in the last hour where the broker can tell (``dead_letters_last_hour``; ``..._whole`` false: at least
+    that many, the count stopped reading). Each dead-letter depth is also sent as the
+    ``babelqueue.dlq_depth.<conn>.<queue>`` gauge."""
     out = []
     with connection_binding(conn_id) as binding:
         for name in queue_name:
@@ -114,10 +118,15 @@ def queues(conn_id: str, queue_name: Annotated[list[str], Query()]) -> dict[str,
             gauge_dlq_depth(conn_id, name, dead)
             row: dict[str, Any] = {"queue_name": name, "depth": binding.depth(name), "dead_letter_depth": dead,
                                    "dead_letter_sources": binding.dead_letter_sources(name),
-                                   "can_browse": binding.can_browse, "oldest_failed_at": None}
+                                   "can_browse": binding.can_browse, "can_discard": binding.can_discard,
+                                   "oldest_failed_at": None, "dead_letters_last_hour": None,
+                                   "dead_letters_last_hour_whole": None}
             if row["dead_letter_depth"]:
                 raw = _first_raw(binding, name)
                 row["oldest_failed_at"] = entry_of(0, raw).failed_at if raw is not None else None
+            recent = binding.dead_letters_failed_since(name, int(time.time() * 1000) - HOUR_MS)
+            if recent is not None:
+                row["dead_letters_last_hour"], row["dead_letters_last_hour_whole"] = recent
             out.append(row)
     return {"conn_id": conn_id, "broker": binding.name, "queues": out}
 
@@ -159,11 +168,13 @@ def dead_letters(
 @router.get("/dead-letters/{position}", dependencies=_READ)
 def dead_letter(conn_id: str, queue_name: str, position: int) -> dict[str, Any]:
     """One dead letter: its exact bytes (``body_text``, or ``body_hex`` when they are not UTF-8), its envelope and
-    ``dead_letter`` block when it has them, and what triage says about it (the entry)."""
+    ``dead_letter`` block when it has them, its headers (a header frame's, or the broker's native properties), and
+    what triage says about it (the entry, with the trace id and the triage job's fingerprint)."""
     with connection_binding(conn_id) as binding:
         raw = dead_letter_raw(binding, queue_name, position)
-    if raw is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no dead letter at position {position} of {queue_name!r}")
+        if raw is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no dead letter at position {position} of {queue_name!r}")
+        headers = dead_letter_headers(binding, queue_name, position, raw)
     try:
         body_text: str | None = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -176,4 +187,4 @@ def dead_letter(conn_id: str, queue_name: str, position: int) -> dict[str, Any]:
     return {"conn_id": conn_id, "queue_name": queue_name, "entry": entry_of(position, raw).as_dict(),
             "body_text": body_text, "body_hex": raw.hex() if body_text is None else None, "size": len(raw),
             "envelope": envelope if isinstance(envelope, dict) else None,
-            "dead_letter": block if isinstance(block, dict) else None}
+            "dead_letter": block if isinstance(block, dict) else None, "headers": headers}

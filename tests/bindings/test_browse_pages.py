@@ -106,3 +106,26 @@ def test_a_head_only_broker_serves_its_head(make: Callable[[str], Binding]) -> N
     page = browse_page(binding, "orders", limit=100)
     assert page.head_only and len(page.entries) == 12 and page.next_position is None
     assert binding.dead_letter_depth("orders") == 12
+
+
+@pytest.mark.parametrize("kind", PAGED)
+def test_discard_removes_one_stored_copy_of_each_body_present(make: Callable[[str], Binding], kind: str) -> None:
+    binding = make(kind)
+    _fill(binding, "orders")
+    stored = binding.browse_dead_letter_bytes("orders", 0, 100)
+    assert stored is not None and len(stored) == 12 and binding.can_discard
+    assert binding.discard_dead_letters("orders", [stored[1], stored[1], stored[11], b"never stored"]) == 2
+    assert binding.browse_dead_letter_bytes("orders", 0, 100) == [b for n, b in enumerate(stored) if n not in (1, 11)]
+    assert binding.dead_letter_depth("orders") == 10
+
+
+@pytest.mark.parametrize("kind", PAGED)
+def test_dead_letters_failed_since_counts_from_the_newest(make: Callable[[str], Binding], kind: str) -> None:
+    binding = make(kind)
+    before = bq.now_ms()
+    _fill(binding, "orders")
+    assert binding.dead_letters_failed_since("orders", before) == (12, True)
+    assert binding.dead_letters_failed_since("orders", bq.now_ms() + 1) == (0, True)
+    assert binding.dead_letters_failed_since("other", before) == (0, True)
+    capped = binding.dead_letters_failed_since("orders", before, max_scan=5)
+    assert capped == ((5, False) if kind == "redis" else (12, True))  # SQL counts a column: never capped

@@ -4,6 +4,7 @@ bindings: the embedded SQLite queue, Redis and RabbitMQ (which cannot browse).""
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -275,7 +276,9 @@ def test_discard_archives_exactly_the_removed_bytes(console: Console, conn_id: s
 def test_discard_is_refused_where_a_broker_cannot_remove_chosen_dead_letters(console: Console) -> None:
     body = {"conn_id": "bq_console_rabbitmq", "queue_name": "console-empty", "filter": {}}
     refused = console.post("/actions/discard", body)
-    assert refused.status_code == 409 and "without taking its messages" in refused.json()["detail"]
+    assert refused.status_code == 409
+    assert refused.json()["detail"] == ("the rabbitmq binding cannot remove chosen dead letters; drain the queue "
+                                        "instead")
 
 
 def test_the_page_and_its_files_are_served_with_a_strict_policy(console: Console) -> None:
@@ -307,3 +310,24 @@ def test_reading_depths_sends_the_dlq_depth_gauge(console: Console, statsd: Stat
     assert console.get("/queues", conn_id="bq_console_sqlite", queue_name=[console.queue]).status_code == 200
     name = f"airflow.babelqueue.dlq_depth.bq_console_sqlite.{console.queue.replace('.', '_')}"
     assert f"{name}:4|g" in statsd.collect()
+
+
+def test_a_framed_dead_letter_shows_its_headers(console: Console) -> None:
+    """The Python SDK's dead letter with headers, as it stored it on Redis (its ``.dlq`` list, a header frame)."""
+    import redis
+
+    from tests.test_frames import capture
+
+    raw = capture("python-redis-dead-letter-headers")
+    prefix = json.loads(os.environ["AIRFLOW_CONN_BQ_CONSOLE_REDIS"])["extra"]["key_prefix"]
+    queue = console.queue + "-framed"
+    client = redis.Redis(host="127.0.0.1", port=6379)
+    client.rpush(f"{prefix}{queue}.dlq", raw)
+    one = console.get("/dead-letters/0", conn_id="bq_console_redis", queue_name=queue).json()
+    assert one["body_text"].encode() == raw
+    assert one["headers"] == {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                              "x-tenant": "acme-eu"}
+    assert one["dead_letter"]["error"] == "card declined by issuer" and one["entry"]["reason"] == "failed"
+    assert one["entry"]["trace_id"] == "6f3f72e7-8857-40ab-ade4-38c099cb369a"
+    plain = console.get("/dead-letters/0", conn_id="bq_console_redis", queue_name=console.queue).json()
+    assert plain["headers"] == {}

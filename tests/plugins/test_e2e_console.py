@@ -1,6 +1,13 @@
 """The dead-letter console in a real browser, through a real ``airflow api-server`` (simple auth manager): headless
-Chromium, signed in by the UI's ``_token`` cookie, opens the console on a filter and a dead letter (the page's
-state is its URL fragment), and the page shows the depths, the filtered rows and the dead letter's bytes as text.
+Chromium (driven over the DevTools protocol, :mod:`tests.cdp`) signs in as a person does, through Airflow's own
+login form, and opens the console on a filter and a dead letter (the page's state is its URL fragment); the page
+shows the depths, the filtered rows and the dead letter's bytes as text. An operator then clicks through it.
+
+Signing in (:func:`_sign_in`): the browser asks Airflow's login entry ``/api/v2/auth/login?next=<console>``, which
+sends it to the simple auth manager's login page ``/auth/login?next=...``; there it types the user name and the
+password (from the users' password file) into the form's ``username`` and ``password`` fields with key presses
+and clicks "Sign in" with the mouse. The page posts them to ``/auth/token``, keeps the token it gets as the UI's
+``_token`` cookie and goes on to the console, which then answers as that user. Nothing puts a cookie in place.
 
 Set ``BABELQUEUE_PLUGIN_SCREENSHOTS`` to a folder to keep the screenshots (docs/console.md shows them).
 """
@@ -12,12 +19,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
+from base64 import urlsafe_b64decode
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 import pytest
@@ -29,12 +37,13 @@ from tests.browser import CHROMIUM
 from tests.conftest import free_port
 from tests.plugins.test_e2e_api_server import (  # noqa: F401 - airflow_home is a fixture
     PASSWORDS,
-    _chromium,
     _http,
     _keep,
-    _SignedInBrowserProxy,
     airflow_home,
 )
+
+if TYPE_CHECKING:
+    from tests.cdp import Browser
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -107,45 +116,72 @@ def _token(base: str, user: str) -> str:
     return str(json.loads(body)["access_token"])
 
 
+def _claims(token: str) -> dict[str, Any]:
+    """The claims of a JWT (read, not verified: the API server verifies it)."""
+    payload = token.split(".")[1]
+    return dict(json.loads(urlsafe_b64decode(payload + "=" * (-len(payload) % 4))))
+
+
+def _sign_in(browser: Browser, base: str, user: str, page: str, shot: Path | None = None) -> None:
+    """Sign ``user`` in through Airflow's login form, as a person does, and land on ``page`` (a path on ``base``,
+    with its fragment); ``shot``, when given, is a screenshot of the filled-in form.
+
+    Airflow's login entry redirects to the simple auth manager's login page, a form with a ``username`` and a
+    ``password`` field and a "Sign in" button (disabled until both are filled in). The page posts them to
+    ``/auth/token``, stores the token as the ``_token`` cookie and replaces itself with ``next``."""
+    browser.go(f"{base}/api/v2/auth/login?" + urlencode({"next": page}))
+    browser.wait("location.pathname === '/auth/login' && !!document.querySelector('form input[name=\"password\"]')")
+    assert "_token" not in browser.cookies(base)  # not signed in yet: the form is what signs in
+    browser.type('form input[name="username"]', user)
+    browser.type('form input[name="password"]', PASSWORDS[user])
+    button = 'form button[type="submit"]'
+    assert browser.wait(f"!document.querySelector('{button}').disabled && "
+                        f"document.querySelector('{button}').textContent") == "Sign in"
+    if shot is not None:
+        browser.screenshot(shot)
+        _keep(shot)
+    browser.click(button)
+    browser.wait(f"location.pathname + location.hash === {json.dumps(page)} && document.readyState === 'complete'")
+    assert _claims(browser.cookies(base)["_token"])["sub"] == user  # the session the form started is the user's
+
+
 def test_the_console_page_shows_a_filtered_queue_and_one_dead_letter(
         airflow_home: tuple[Path, dict[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     if CHROMIUM is None:
         pytest.skip("chromium is not installed (run .ci/system.sh)")
+    from tests.cdp import Browser
+
     home, env = airflow_home
     queue = _filled_queue(home, env, monkeypatch)
-    with _api_server(home, env, tmp_path) as base:
-        viewer = _token(base, "viewer")
-        status, body, _ = _http("GET", f"{base}/api/v2/plugins", viewer)
+    with _api_server(home, env, tmp_path) as base, Browser() as browser:
+        status, body, _ = _http("GET", f"{base}/api/v2/plugins", _token(base, "viewer"))
         [ours] = [p for p in json.loads(body)["plugins"] if p["name"] == "babelqueue"]
         assert ours["external_views"][0]["href"] == "/babelqueue/console/"  # in the UI's navigation
-        proxy = _SignedInBrowserProxy(base, viewer)
-        threading.Thread(target=proxy.serve_forever, daemon=True).start()
-        try:
-            site = f"http://127.0.0.1:{proxy.server_address[1]}"
-            view = urlencode({"conn_id": "bq_console", "queue_name": queue, "reason": "failed", "open": 3})
-            url = f"{site}/babelqueue/console/#{view}"
-            dom = _chromium(url, "--dump-dom", "--virtual-time-budget=8000", "--enable-logging=stderr", "--v=0")
-            page = dom.stdout
-            assert "dead letters: 6" in page, page[-3000:]
-            assert "4 shown, 6 read from position 0; end of the queue" in page, page[-3000:]
-            assert page.count('class="entry"') == 4 and "urn:babel:billing:charged" not in page.split("<tbody")[1]
-            assert "Dead letter at position 3" in page
-            # the markup in the error and in the stored bytes is shown as text, escaped, never as an element
-            assert "&lt;img src=x onerror=alert(1)&gt;" in page and "<img src=" not in page
-            assert "Content Security Policy" not in dom.stderr  # the policy blocks nothing the page uses
-            shot = tmp_path / "console.png"
-            done = _chromium(url, f"--screenshot={shot}", "--window-size=1400,1100", "--virtual-time-budget=8000")
-            assert done.returncode == 0 and shot.read_bytes()[:4] == b"\x89PNG", done.stderr[-2000:]
-            _keep(shot)
-        finally:
-            proxy.shutdown()
+        view = urlencode({"conn_id": "bq_console", "queue_name": queue, "reason": "failed", "open": 3})
+        _sign_in(browser, base, "viewer", f"/babelqueue/console/#{view}")
+        signed_in = len(browser.events)
+        shown = ["dead letters: 6", "4 shown, 6 read from position 0; end of the queue", "Dead letter at position 3"]
+        page = browser.wait(f"(h => {json.dumps(shown)}.every(s => h.includes(s)) && h)"
+                            "(document.documentElement.outerHTML)")
+        assert page.count('class="entry"') == 4 and "urn:babel:billing:charged" not in page.split("<tbody")[1]
+        # the markup in the error and in the stored bytes is shown as text, escaped, never as an element
+        assert "&lt;img src=x onerror=alert(1)&gt;" in page and "<img src=" not in page
+        browser.run("0")  # the browser's messages about the page have arrived
+        refused = [e["params"]["entry"]["text"] for e in browser.events[signed_in:]
+                   if e["method"] == "Log.entryAdded" and "Content Security Policy" in e["params"]["entry"]["text"]]
+        assert not refused  # the policy blocks nothing the page uses
+        shot = tmp_path / "console.png"
+        browser.screenshot(shot)
+        assert shot.read_bytes()[:4] == b"\x89PNG"
+        _keep(shot)
 
 
 def test_an_operator_filters_opens_replays_once_and_discards_with_archive_in_the_browser(
         airflow_home: tuple[Path, dict[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
-    """Clicks, as a person does: filter by reason, open a dead letter, preview and replay two (they reach the queue
-    once; a second click replays nothing), discard one with archive (the archive holds exactly its bytes); a
-    viewer's click on Replay is refused."""
+    """Clicks, as a person does: a viewer signs in through the login form and a click on Replay is refused; after
+    the viewer signs out, an admin signs in through the form, filters by reason, opens a dead letter, previews and
+    replays two (they reach the queue once; a second click replays nothing), discards one with archive (the
+    archive holds exactly its bytes), and the console's action log names the admin."""
     if CHROMIUM is None:
         pytest.skip("chromium is not installed (run .ci/system.sh)")
     from airflow_provider_babelqueue.core.records import record_body
@@ -159,17 +195,18 @@ def test_an_operator_filters_opens_replays_once_and_discards_with_archive_in_the
     stored = binding.browse_dead_letter_bytes(queue, 0, 6)
     try:
         with _api_server(home, env, tmp_path) as base, Browser() as browser:
-            page = f"{base}/babelqueue/console/#" + urlencode({"conn_id": "bq_console", "queue_name": queue})
-            browser.cookie(base, "_token", _token(base, "viewer"))
-            browser.go(page)
+            page = "/babelqueue/console/#" + urlencode({"conn_id": "bq_console", "queue_name": queue})
+            _sign_in(browser, base, "viewer", page)
             browser.wait("document.querySelectorAll('#entries tr.entry').length === 6")
             browser.run("document.querySelector('#entries input[data-position=\"0\"]').click()")
             browser.run("document.getElementById('replay').click()")
             assert "403" in browser.wait("document.getElementById('status').className === 'error' && "
                                          "document.getElementById('status').textContent")
 
-            browser.cookie(base, "_token", _token(base, "admin"))
-            browser.go(page)
+            browser.go(f"{base}/api/v2/auth/logout")  # Airflow's "Log out": ends the session, back to the form
+            browser.wait("location.pathname === '/auth/login' && !!document.querySelector('form')")
+            shot = tmp_path / "console-sign-in.png"
+            _sign_in(browser, base, "admin", page, shot)
             browser.wait("document.querySelectorAll('#entries tr.entry').length === 6")
             browser.run("document.getElementById('reason').value = 'failed'")
             browser.run("document.getElementById('load').click()")
@@ -213,7 +250,22 @@ def test_an_operator_filters_opens_replays_once_and_discards_with_archive_in_the
             assert [record_body(json.loads(line)) for line in archive.read_bytes().splitlines()] == [stored[2]]
             assert binding.browse_dead_letter_bytes(queue, 0, 6) == [stored[i] for i in (0, 1, 3, 4, 5)]
             actions = browser.wait("document.querySelectorAll('#actions tr').length >= 4 && "
-                                   "[...document.querySelectorAll('#actions tr')].map(r => r.children[2].textContent)")
-            assert actions[:4] == ["discard", "replay", "replay", "replay_preview"]
+                                   "[...document.querySelectorAll('#actions tr')].map(r => [r.children[1].textContent, "
+                                   "r.children[2].textContent])")
+            assert actions[:4] == [["admin", "discard"], ["admin", "replay"], ["admin", "replay"],
+                                   ["admin", "replay_preview"]]  # done as the user who signed in
+
+            # nothing checked: everything matching the filter, replayed by a background job whose progress shows
+            assert browser.run("document.querySelectorAll('#entries input:checked').length") == 0
+            browser.run("document.getElementById('replay').click()")
+            job = browser.wait("(r => r && r.querySelector('.state').textContent === 'succeeded' && "
+                               "[...r.children].map(c => c.textContent))(document.querySelector('#jobs tr'))")
+            assert job[1:5] == ["admin", "replay", f"bq_console / {queue}", "succeeded"]
+            assert job[5] == "read 5 of 5, matched 3; duplicates_avoided 2, duplicates_kept 0, replayed 1", job
+            assert binding.depth(queue) == 3  # the one failed dead letter not replayed before, once
+            shot = tmp_path / "console-job.png"
+            browser.run("document.getElementById('jobs').closest('table').scrollIntoView()")
+            browser.screenshot(shot)
+            _keep(shot)
     finally:
         hook.close()

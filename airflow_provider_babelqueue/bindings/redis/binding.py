@@ -859,6 +859,34 @@ class RedisBinding(Binding):
                 break
         return out
 
+    def dead_letters_failed_since(self, queue_name: str, since_ms: int, *,
+                                  max_scan: int = 20_000) -> tuple[int, bool]:
+        """Each DLQ list read from its tail (its newest) in LRANGE chunks until a dead letter that failed before
+        ``since_ms``: a list holds its dead letters in the order they failed, so the read costs what arrived, not
+        the depth. A body without ``failed_at`` neither counts nor stops the read."""
+        from ...core.fingerprint import read_dead_letter
+
+        count = scanned = 0
+        for key in self.dead_letter_sources(queue_name):
+            end = -1
+            while True:
+                with self._guard("browse", key):
+                    items = self.client.lrange(key, end - 499, end)
+                for raw in reversed(items):
+                    failed_at = read_dead_letter(bytes(raw)).failed_at
+                    scanned += 1
+                    if failed_at is not None and failed_at < since_ms:
+                        break
+                    count += failed_at is not None
+                    if scanned >= max_scan:
+                        return count, False
+                else:
+                    if len(items) == 500:
+                        end -= 500
+                        continue
+                break
+        return count, True
+
     def discard_dead_letters(self, queue_name: str, bodies: Sequence[bytes]) -> int:
         """LREM of one copy per body, source list after source list (the first that held it)."""
         removed = 0

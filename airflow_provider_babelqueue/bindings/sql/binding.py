@@ -26,6 +26,7 @@ import os
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -63,6 +64,8 @@ _TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
 #: A dead-letter table's name: the ready table's rule plus room for ``_failed``.
 _FAILED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,46}")
 _BATCH_CHUNK = 500
+#: Bodies per transaction of a console's discard.
+_DISCARD_BATCH = 500
 
 
 #: PostgreSQL, for the reserve's transaction only: read the rows in the queue index's order. A queue table's
@@ -873,6 +876,18 @@ class SqlBinding(Binding):
                 total += int(conn.execute(query).scalar_one())
         return total
 
+    def dead_letters_failed_since(self, queue_name: str, since_ms: int, *,
+                                  max_scan: int = 20_000) -> tuple[int, bool]:
+        """A COUNT of the queue's dead letters whose ``failed_at`` column is at or after ``since_ms``, summed over
+        the dead-letter tables: always whole."""
+        total = 0
+        for t in self._readable():
+            query = sa.select(sa.func.count()).select_from(t).where(t.c.queue == queue_name,
+                                                                    t.c.failed_at >= since_ms)
+            with self._guard("count dead letters", queue_name), self._read() as conn:
+                total += int(conn.execute(query).scalar_one())
+        return total, True
+
     def browse_dead_letters(self, queue_name: str, limit: int = 100) -> list[ReceivedMessage]:
         """The oldest ``limit`` dead letters of the queue, reserved or not, table after table; nothing is
         changed."""
@@ -915,18 +930,27 @@ class SqlBinding(Binding):
         return out
 
     def discard_dead_letters(self, queue_name: str, bodies: Sequence[bytes]) -> int:
-        """Delete the oldest row holding each body, table after table (the first that held it), one
-        transaction per body."""
+        """Delete the oldest rows holding the bodies, table after table (the first that held each), in
+        transactions of up to ``_DISCARD_BATCH`` bodies: one look-up of the rows by payload and one delete by
+        id each, so a large discard reads the table once per batch, not once per body."""
         removed = 0
-        tables = self._readable()
-        for body in bodies:
-            for t in tables:
-                oldest = (sa.select(t.c.id).where(t.c.queue == queue_name, t.c.payload == bytes(body))
-                          .order_by(t.c.id).limit(1).scalar_subquery())
-                with self._guard("remove a dead letter", queue_name), self._write() as conn:
-                    if conn.execute(sa.delete(t).where(t.c.id == oldest)).rowcount:
-                        removed += 1
-                        break
+        for offset in range(0, len(bodies), _DISCARD_BATCH):
+            wanted = Counter(bytes(body) for body in bodies[offset:offset + _DISCARD_BATCH])
+            for t in self._readable():
+                if not wanted:
+                    break
+                found = (sa.select(t.c.id, t.c.payload)
+                         .where(t.c.queue == queue_name, t.c.payload.in_(list(wanted))).order_by(t.c.id))
+                with self._guard("remove dead letters", queue_name), self._write() as conn:
+                    ids = []
+                    for row_id, payload in conn.execute(found):
+                        payload = bytes(payload)
+                        if wanted.get(payload, 0) > 0:
+                            wanted[payload] -= 1
+                            ids.append(row_id)
+                    if ids:
+                        removed += conn.execute(sa.delete(t).where(t.c.id.in_(ids))).rowcount
+                wanted = +wanted  # drop the bodies found here
         return removed
 
     def seen_store(self, name: str) -> SqlSeenStore:

@@ -3,7 +3,7 @@
 "use strict";
 
 const API = "api";
-const state = { start: 0, next: null, entries: [] };
+const state = { start: 0, next: null, entries: [], jobsTimer: null };
 
 function $(id) { return document.getElementById(id); }
 
@@ -74,8 +74,11 @@ async function loadDepths() {
   const { queues } = await call(`${API}/queues?${new URLSearchParams(Object.assign(where()))}`);
   const row = queues[0];
   const oldest = row.oldest_failed_at ? new Date(row.oldest_failed_at).toISOString() : "—";
+  const hour = row.dead_letters_last_hour === null ? "not known on this broker"
+    : `${row.dead_letters_last_hour_whole ? "" : "at least "}${row.dead_letters_last_hour}`;
   $("depths").replaceChildren(el("span", `ready: ${row.depth}`), el("span", `dead letters: ${row.dead_letter_depth}`),
-    el("span", `sources: ${row.dead_letter_sources.join(", ")}`), el("span", `oldest failure: ${oldest}`));
+    el("span", `last hour: ${hour}`), el("span", `sources: ${row.dead_letter_sources.join(", ")}`),
+    el("span", `oldest failure: ${oldest}`));
 }
 
 function renderEntries(page) {
@@ -127,6 +130,7 @@ async function openEntry(position) {
     $("detail-title").textContent = `Dead letter at position ${position}`;
     $("detail-facts").textContent = JSON.stringify(one.entry, null, 2);
     $("detail-block").textContent = JSON.stringify(one.dead_letter, null, 2);
+    $("detail-headers").textContent = JSON.stringify(one.headers, null, 2);
     $("detail-body").textContent = one.body_text !== null ? one.body_text : `hex: ${one.body_hex}`;
     $("detail").hidden = false;
   } catch (error) {
@@ -141,7 +145,8 @@ function selection() {
   if (positions.length) {
     return Object.assign(where(), { positions, meta_ids: positions.map((p) => byPosition.get(p).meta_id) });
   }
-  return Object.assign(where(), { filter: filters() });
+  // everything matching the filters: the whole queue is read, so the action runs as a job outside the request
+  return Object.assign(where(), { filter: filters(), background: true });
 }
 
 async function act(path, body, describe) {
@@ -149,6 +154,11 @@ async function act(path, body, describe) {
     const answer = await call(`${API}/actions/${path}`, {
       method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
     $("result").textContent = typeof answer === "string" ? answer : JSON.stringify(answer, null, 2);
+    if (answer && answer.job) {
+      say(`job ${answer.job.id} started: ${answer.job.action} of everything matching the filters; progress below`);
+      await loadJobs();
+      return null;
+    }
     say(describe(answer));
     await loadActions();
     return answer;
@@ -167,6 +177,39 @@ async function loadActions() {
   }));
 }
 
+function jobProgress(job) {
+  const counts = Object.entries(job.counts).filter(([, v]) => typeof v === "number")
+    .map(([k, v]) => `${k} ${v}`).join(", ");
+  return `read ${job.scanned} of ${job.depth}, matched ${job.matched}${counts ? "; " + counts : ""}`;
+}
+
+async function loadJobs() {
+  clearTimeout(state.jobsTimer);
+  const { jobs } = await call(`${API}/jobs?limit=10`);
+  $("jobs").replaceChildren(...jobs.map((job) => {
+    const row = el("tr", null, { "data-job": job.id });
+    const shown = job.stalled ? "stalled (its API server stopped; run it again)" : job.state;
+    const tools = el("td");
+    if (job.state === "running") {
+      const stop = el("button", "Cancel");
+      stop.addEventListener("click", () => call(`${API}/jobs/${job.id}/cancel`, { method: "POST" })
+        .then(loadJobs, (error) => say(String(error.message || error), true)));
+      tools.append(stop);
+    } else if (job.action === "export" && job.state === "succeeded") {
+      tools.append(el("a", "Download", { href: `${API}/jobs/${job.id}/file` }));
+    }
+    row.append(el("td", new Date(job.started_at * 1000).toISOString()), el("td", job.who), el("td", job.action),
+      el("td", `${job.conn_id} / ${job.queue_name}`), el("td", shown, { class: "state" }),
+      el("td", jobProgress(job) + (job.error ? ` — ${job.error}` : ""), { class: "progress" }), tools);
+    return row;
+  }));
+  if (jobs.some((job) => job.state === "running" && !job.stalled)) {
+    state.jobsTimer = setTimeout(() => loadJobs().catch((error) => say(String(error.message || error), true)), 1000);
+  } else {
+    await loadActions();
+  }
+}
+
 async function loadReports() {
   const { reports } = await call("../reports?limit=20");
   $("reports").replaceChildren(...reports.map((r) => {
@@ -178,19 +221,26 @@ async function loadReports() {
   if (!reports.length) $("reports").replaceChildren(el("li", "none yet: a triage task with report_output writes one"));
 }
 
+function ledger() {
+  const named = $("ledger").value.trim();
+  return named ? { ledger_conn_id: named } : {};
+}
+
 function wire() {
   $("load").addEventListener("click", () => loadPage(0));
   $("next").addEventListener("click", () => { if (state.next !== null) loadPage(state.next); });
-  $("preview").addEventListener("click", () => act("replay", Object.assign(selection(), { dry_run: true }),
+  $("preview").addEventListener("click", () => act("replay", Object.assign(selection(), ledger(), { dry_run: true }),
     (a) => `preview: ${a.replayed} would be replayed to ${JSON.stringify(a.targets)}; skipped ${JSON.stringify(a.skipped)}`));
-  $("replay").addEventListener("click", () => act("replay", Object.assign(selection(), { dry_run: false }),
+  $("replay").addEventListener("click", () => act("replay", Object.assign(selection(), ledger(), { dry_run: false }),
     (a) => `replayed ${a.replayed}; ${a.duplicates_avoided} already replayed before` +
       (a.ledgers.length ? ` (ledger ${a.ledgers.join(", ")})` : "")));
   $("export").addEventListener("click", () => act("export", selection(), (text) => `exported ${text.split("\n").filter(Boolean).length} drain records`));
   $("discard").addEventListener("click", async () => {
-    if (!window.confirm("Archive the selected dead letters as drain records, then remove them from the queue?")) return;
+    const body = selection();
+    const what = body.filter ? "every dead letter matching the filters (as a background job)" : "the selected dead letters";
+    if (!window.confirm(`Archive ${what} as drain records, then remove them from the queue?`)) return;
     const describe = (a) => `archived ${a.archived} in ${a.archive}; removed ${a.discarded}`;
-    const answer = await act("discard", selection(), describe);
+    const answer = await act("discard", body, describe);
     if (answer) {
       await loadPage(state.start);  // the rows moved up: show the queue as it is now, then say what was done
       say(describe(answer));
@@ -203,6 +253,7 @@ document.addEventListener("DOMContentLoaded", async () => {
   try {
     const open = await loadConnections();
     await loadActions();
+    await loadJobs();
     await loadReports();
     if ($("queue").value) {
       await loadPage(0);
