@@ -32,6 +32,9 @@ page stopped early (``stopped_by``):
    console does. The metadata database is a throwaway Airflow home (``airflow db migrate``, untimed), unless
    Airflow is already imported (a test): then the current home.
 
+5. a console job's read of the whole queue (``MatchScan`` for reason=unknown_urn, as a background action reads it),
+   once, untabled: its time and rate are printed.
+
 Every page is checked against the letters written: the entries must be exactly the matching dead letters of the
 range the page scanned (position, URN, reason), in order; an unfiltered page holds 50 consecutive positions. A full
 scan for the RARE URN (from 0 when n <= 50,000, else from just before its first position) must find all 10.
@@ -82,7 +85,7 @@ from airflow_provider_babelqueue.bindings.redis import RedisBinding, RedisConfig
 from airflow_provider_babelqueue.bindings.sql import SqlBinding, SqlConfig, sqlite_url  # noqa: E402
 from airflow_provider_babelqueue.core import envelope as bq  # noqa: E402
 from airflow_provider_babelqueue.core.fingerprint import error_fingerprint, error_pattern  # noqa: E402
-from airflow_provider_babelqueue.engine.browse import BrowsePage, DeadLetterQuery, browse_page  # noqa: E402
+from airflow_provider_babelqueue.engine.browse import BrowsePage, DeadLetterQuery, MatchScan, browse_page  # noqa: E402
 
 POSTGRES_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
@@ -564,6 +567,9 @@ class BrokerResult:
     #: Positions where a full scan for the RARE URN found it, and from where that scan started.
     rare_found: list[int] = field(default_factory=list)
     rare_scan_start: int = 0
+    #: A background job's read of the whole queue (``MatchScan``, reason=unknown_urn): seconds and matches.
+    job_seconds: float = 0.0
+    job_matched: int = 0
 
 
 def measure(target: Target, letters: Sequence[Letter], pages: int, api: Api | None, seed: int = SEED) -> BrokerResult:
@@ -630,6 +636,21 @@ def measure(target: Target, letters: Sequence[Letter], pages: int, api: Api | No
                              f"expected {positions}")
     print(f"  check: the rare URN found {len(result.rare_found)} times by a scan without bounds from "
           f"{result.rare_scan_start:,} ({page.scanned:,} scanned)", flush=True)
+
+    # a console job's read of the whole queue, as it runs outside the request
+    check = by["unknown_urn"]
+    assert check.query is not None
+    began = time.perf_counter()
+    scan = MatchScan(binding, QUEUE, check.query)
+    while not scan.done:
+        result.job_matched += len(scan.next_chunk())
+    result.job_seconds = time.perf_counter() - began
+    expected = sum(1 for letter in letters if check.matches(letter))
+    if (scan.scanned, result.job_matched) != (n, expected):
+        raise AssertionError(f"{target.kind}: the job read {scan.scanned:,} and matched {result.job_matched:,}, "
+                             f"expected {n:,} and {expected:,}")
+    print(f"  job read of the whole queue ({check.label}): {n:,} read, {result.job_matched:,} matched in "
+          f"{result.job_seconds:.1f} s ({n / result.job_seconds:,.0f} dead letters/s)", flush=True)
     return result
 
 
@@ -697,6 +718,9 @@ def print_table(report: Report, n: int) -> None:
         if any(row.stopped):
             print(f"scan rate: {row.measurement} on {row.broker}: {row.scan_rate:,.0f} dead letters/s read "
                   f"(stopped by {_stops(row.stopped)})")
+    for result in report.results:
+        print(f"job read: {result.kind}: the whole queue of {result.n:,} in {result.job_seconds:.1f} s "
+              f"({result.n / max(result.job_seconds, 1e-9):,.0f} dead letters/s), {result.job_matched:,} matched")
     size = f"a DLQ of {n:,}" + ("" if n == GOAL_N else f" (the goal names {GOAL_N:,})")
     for result in report.results:
         goal_rows = [row for row in result.rows if row.goal]

@@ -83,6 +83,10 @@ def test_every_page_is_measured_and_right(capsys: pytest.CaptureFixture[str]) ->
                 assert scanned == "50", (label, broker, scanned)
         assert re.search(rf"^goal {broker}: .*: met ", out, re.MULTILINE), out
     assert out.count(f"check: the rare URN found 10 times by a scan without bounds from 0 ({N:,} scanned)") == 3
+    jobs = re.findall(rf"^job read: (\w+): the whole queue of {N:,} in [\d.]+ s \([\d,]+ dead letters/s\), "
+                      r"([\d,]+) matched$", out, re.MULTILINE)
+    unknown = sum(1 for letter in bench.make_letters(N) if letter.reason == "unknown_urn")
+    assert sorted(jobs) == sorted((broker, f"{unknown:,}") for broker in BROKERS), out
     assert _leftovers() == before  # every key and table made was removed
 
 

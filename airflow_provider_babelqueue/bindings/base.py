@@ -591,6 +591,18 @@ class Binding(abc.ABC):
         the binding reads no position but the head. By default :meth:`browse_dead_letter_raws`."""
         return self.browse_dead_letter_raws(queue_name, start, stop)
 
+    def dead_letter_bytes_after(self, queue_name: str, cursor: Any, count: int) -> tuple[list[bytes], Any] | None:
+        """The stored bytes of the next ``count`` dead letters after ``cursor`` (``None``: from the oldest), in
+        reading order over every source, and the cursor after them: a read of a whole dead-letter queue in chunks
+        (a console's job), nothing reserved or removed. ``None``: the binding reads no position but the head.
+
+        A whole-number cursor is a position (the default, over :meth:`browse_dead_letter_bytes`): dead letters
+        removed before it move it back by as many. A binding that reads after a key instead (SQL: a table and a
+        row id) returns another kind, which stays right whatever is removed."""
+        start = 0 if cursor is None else int(cursor)
+        raws = self.browse_dead_letter_bytes(queue_name, start, start + count)
+        return None if raws is None else (raws, start + len(raws))
+
     def browse_dead_letter_raws(self, queue_name: str, start: int, stop: int, *,
                                 source: str | None = None) -> list[bytes] | None:
         """The stored bytes of DLQ positions ``start``..``stop`` - 1, nothing reserved or removed, for a browse

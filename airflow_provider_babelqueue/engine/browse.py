@@ -333,21 +333,22 @@ def matching(binding: Binding, queue_name: str, query: DeadLetterQuery, max_item
 class MatchScan:
     """Every dead letter that passes a query, read from the oldest in chunks, for an action too large for one
     request (a console's background job): :meth:`next_chunk` gives the matches of the next :data:`CHUNK` dead
-    letters read, and a caller that removed some of them says so with :meth:`removed`, so the read goes on where
-    the remaining dead letters now are. Dead letters taken from before the read position meanwhile (a drain) move
-    the rest forward; those are read on the next run.
+    letters read (:meth:`Binding.dead_letter_bytes_after`), and a caller that removed some of them says so with
+    :meth:`removed`, so a read by position goes on where the remaining dead letters now are. Dead letters taken from
+    before the read position meanwhile (a drain) move the rest forward on a broker read by position; those are read
+    on the next run.
 
     :raises NotSupportedError: the binding reads no position but the head (an action on it fits in one request).
     """
 
     def __init__(self, binding: Binding, queue_name: str, query: DeadLetterQuery) -> None:
-        if binding.browse_dead_letter_bytes(queue_name, 0, 0) is None:
+        if binding.dead_letter_bytes_after(queue_name, None, 0) is None:
             raise NotSupportedError(
                 f"the {binding.name} binding cannot read dead letters by position; an action on its first "
                 f"{HEAD_LIMIT} dead letters runs within the request" if binding.can_browse else
                 _CANNOT_READ.format(binding.name) + "; drain it and replay the drained records instead")
         self.binding, self.queue_name, self.query = binding, queue_name, query
-        self.position = 0
+        self.cursor: Any = None
         self.scanned = 0
         self.matched = 0
         self.done = False
@@ -355,15 +356,16 @@ class MatchScan:
     def next_chunk(self) -> list[bytes]:
         """The stored bytes of the matching dead letters among the next ones read (possibly none); :attr:`done`
         once the end was reached."""
-        raws = self.binding.browse_dead_letter_bytes(self.queue_name, self.position, self.position + CHUNK) or []
+        read = self.binding.dead_letter_bytes_after(self.queue_name, self.cursor, CHUNK)
+        raws, self.cursor = read if read is not None else ([], self.cursor)
         if len(raws) < CHUNK:
             self.done = True
-        out = [body for offset, body in enumerate(raws) if self.query.matches(entry_of(self.position + offset, body))]
-        self.position += len(raws)
+        out = [body for offset, body in enumerate(raws) if self.query.matches(entry_of(self.scanned + offset, body))]
         self.scanned += len(raws)
         self.matched += len(out)
         return out
 
     def removed(self, count: int) -> None:
         """``count`` of the dead letters already read were removed from the queue."""
-        self.position = max(self.position - count, 0)
+        if isinstance(self.cursor, int):  # a position: what was before it moved up
+            self.cursor = max(self.cursor - count, 0)

@@ -129,3 +129,34 @@ def test_dead_letters_failed_since_counts_from_the_newest(make: Callable[[str], 
     assert binding.dead_letters_failed_since("other", before) == (0, True)
     capped = binding.dead_letters_failed_since("orders", before, max_scan=5)
     assert capped == ((5, False) if kind == "redis" else (12, True))  # SQL counts a column: never capped
+
+
+@pytest.mark.parametrize("kind", PAGED)
+def test_a_whole_queue_read_in_chunks_survives_removals(make: Callable[[str], Binding], kind: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job's read (``MatchScan``) over the queue in chunks: every dead letter once, in order, while the matches
+    of each chunk are removed as it goes (a discard job)."""
+    from airflow_provider_babelqueue.engine import browse
+
+    binding = make(kind)
+    _fill(binding, "orders")
+    stored = binding.browse_dead_letter_bytes("orders", 0, 100)
+    assert stored is not None
+    chunks: list[list[bytes]] = []
+    read = binding.dead_letter_bytes_after("orders", None, 5)
+    while read is not None and read[0]:
+        chunks.append(read[0])
+        read = binding.dead_letter_bytes_after("orders", read[1], 5)
+    assert [len(c) for c in chunks] == [5, 5, 2] and sum(chunks, []) == stored
+
+    monkeypatch.setattr(browse, "CHUNK", 5)  # chunks smaller than the queue, so removals happen between reads
+    scan = browse.MatchScan(binding, "orders", DeadLetterQuery(reasons=("failed",)))
+    removed: list[bytes] = []
+    while not scan.done:
+        matches = scan.next_chunk()
+        assert binding.discard_dead_letters("orders", matches) == len(matches)
+        scan.removed(len(matches))
+        removed += matches
+    assert scan.scanned == 12 and scan.matched == 8
+    assert removed == stored[:8]  # the four timeouts and the four refusals, each once
+    assert binding.browse_dead_letter_bytes("orders", 0, 100) == stored[8:]

@@ -876,6 +876,28 @@ class SqlBinding(Binding):
                 total += int(conn.execute(query).scalar_one())
         return total
 
+    def dead_letter_bytes_after(self, queue_name: str, cursor: Any, count: int) -> tuple[list[bytes], Any]:
+        """The next ``count`` dead letters' bytes after ``cursor``, a ``(table index, row id)`` pair: rows after
+        that id by the ``(queue, id)`` index, table after table, so each chunk costs the same at any depth (an
+        ``OFFSET`` would walk every row before it) and a row removed meanwhile moves nothing."""
+        index, after = cursor if cursor is not None else (0, None)
+        tables = self._readable()
+        out: list[bytes] = []
+        while index < len(tables) and len(out) < count:
+            t = tables[index]
+            query = sa.select(t.c.id, t.c.payload).where(t.c.queue == queue_name)
+            if after is not None:
+                query = query.where(t.c.id > after)
+            query = query.order_by(t.c.id).limit(count - len(out))
+            with self._guard("browse dead letters", queue_name), self._read() as conn:
+                rows = conn.execute(query).all()
+            out += [bytes(row[1]) for row in rows]
+            if len(out) < count:
+                index, after = index + 1, None  # this table is read to its end
+            elif rows:
+                after = rows[-1][0]
+        return out, (index, after)
+
     def dead_letters_failed_since(self, queue_name: str, since_ms: int, *,
                                   max_scan: int = 20_000) -> tuple[int, bool]:
         """A COUNT of the queue's dead letters whose ``failed_at`` column is at or after ``since_ms``, summed over
