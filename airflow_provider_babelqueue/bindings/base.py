@@ -578,6 +578,11 @@ class Binding(abc.ABC):
         raise NotSupportedError(f"the {self.name} binding cannot remove chosen dead letters; drain the queue "
                                 "instead")
 
+    def queue_names(self, limit: int = 200) -> list[str] | None:
+        """The queues that hold messages or dead letters now, as far as the broker can list them (for a console's
+        overview), sorted, at most ``limit``. ``None``: the broker cannot list its queues through this binding."""
+        return None
+
     def dead_letters_failed_since(self, queue_name: str, since_ms: int, *,
                                   max_scan: int = 20_000) -> tuple[int, bool] | None:
         """How many of the queue's dead letters failed at or after ``since_ms`` (Unix milliseconds), for a console's

@@ -273,6 +273,17 @@ class BabelQueueHook(BaseHook, abc.ABC):
         declared = [extra for extra in self.connection_spec.extras if extra.to_config]
         return read_extras(declared, extras)
 
+    def console_queues(self) -> list[str]:
+        """The queues the connection's ``console_queues`` extra names, for the dead-letter console's list (a JSON
+        list or comma text; blank entries dropped).
+
+        :raises ValueError: an entry is not text."""
+        value = self.extras(self.connection).get("console_queues")
+        if isinstance(value, list) and not all(isinstance(entry, str) for entry in value):
+            raise ValueError(f"the console_queues extra of {self.babelqueue_conn_id!r} must list queue names (text), "
+                             f"got {value!r}")
+        return list(Binding.source_entries(value))
+
     def get_binding(self) -> Binding:
         """The binding for this connection, created on first use and reused afterwards.
 

@@ -45,6 +45,14 @@ def _dead_letter_sources(description: str, *, doc: str, default: str | None = No
                  to_config=False, doc=doc, doc_default=doc_default)
 
 
+def _console_queues() -> Extra:
+    """The queues the dead-letter console lists for the connection (every connection type takes it)."""
+    return Extra("console_queues", "str", "Console queues",
+                 "Queues the dead-letter console lists for this connection (comma-separated)", to_config=False,
+                 doc="queues the dead-letter console lists for this connection (a JSON list or comma text), beside "
+                     "those the broker can list")
+
+
 SQL = ConnectionSpec(
     conn_type="babelqueue+sql",
     former_conn_types=("babelqueue_sql",),
@@ -86,6 +94,7 @@ SQL = ConnectionSpec(
               doc="PostgreSQL: client certificate path, for certificate authentication"),
         Extra("sslkey", "path", "PostgreSQL client key path", to_config=False,
               doc="PostgreSQL: client key path, for certificate authentication (with `sslcert`)"),
+        _console_queues(),
     ),
 )
 
@@ -126,6 +135,7 @@ REDIS = ConnectionSpec(
             "Refused before sending when larger; Redis allows 512 MiB", default=536_870_912, minimum=1,
             doc_default="`536870912` (512 MiB)",
             doc="a larger body is refused before sending, naming this limit; Redis's `proto-max-bulk-len`"),
+        _console_queues(),
     ),
 )
 
@@ -166,6 +176,7 @@ RABBITMQ = ConnectionSpec(
             doc_default="`134217728` (128 MiB)",
             doc="a larger body is refused before sending, naming this limit; set it to your broker's "
             "`max_message_size`"),
+        _console_queues(),
     ),
 )
 
@@ -221,6 +232,7 @@ SQS = ConnectionSpec(
               doc_default="queue's own"),
         Extra("wait_time_seconds", "int", "Long-poll wait (s)", "Longest single ReceiveMessage wait", default=20,
               minimum=1, maximum=20, doc="longest single long poll (1–20 s); `reserve` loops for longer timeouts"),
+        _console_queues(),
     ),
 )
 
@@ -278,6 +290,7 @@ PULSAR = ConnectionSpec(
               doc='create `babelqueue` before the first publish to a topic (see "Subscriptions")'),
         Extra("operation_timeout_seconds", "int", "Operation timeout (s)", default=30, minimum=1,
               doc="client operations (lookups, subscribe, send) give up after this"),
+        _console_queues(),
     ),
 )
 
@@ -333,6 +346,7 @@ AZURE_SERVICE_BUS = ConnectionSpec(
         Extra("connection_verify", "path", "CA bundle path",
               "Verify TLS with this CA bundle (e.g. behind a TLS-inspecting proxy)",
               doc="a CA bundle to verify TLS with (AMQP and the management API)", doc_default="certifi"),
+        _console_queues(),
     ),
 )
 

@@ -26,7 +26,7 @@ from ..core.frames import open_body
 from ..engine.browse import DeadLetterQuery, browse_page, dead_letter_headers, dead_letter_raw, entry_of
 from ..observability.metrics import gauge_dlq_depth
 
-__all__ = ["asset_access", "connection_binding", "router"]
+__all__ = ["MAX_QUEUES", "asset_access", "connection_binding", "connection_hook", "router"]
 
 router = APIRouter(prefix="/console/api", tags=["console"])
 
@@ -40,6 +40,8 @@ def asset_access(method: str) -> list[Any]:
 
 _READ = asset_access("GET")
 HOUR_MS = 3_600_000
+#: Queues the overview of one connection shows at most.
+MAX_QUEUES = 100
 
 Names = Annotated[list[str] | None, Query()]
 
@@ -48,6 +50,13 @@ Names = Annotated[list[str] | None, Query()]
 def connection_binding(conn_id: str) -> Iterator[Binding]:
     """The connection's binding for one request; a connection that is missing or not a BabelQueue one is a 404, a
     broker that cannot be reached a 502, each saying which connection."""
+    with connection_hook(conn_id) as hook:
+        yield hook.get_binding()
+
+
+@contextmanager
+def connection_hook(conn_id: str) -> Iterator[Any]:
+    """The connection's hook for one request, with :func:`connection_binding`'s answers to what goes wrong."""
     from ..hooks import get_hook
 
     try:
@@ -55,11 +64,13 @@ def connection_binding(conn_id: str) -> Iterator[Binding]:
     except Exception as exc:  # noqa: BLE001 - the connection lookup raises Airflow's own "not defined" error
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no BabelQueue connection {conn_id!r}: {exc}") from None
     try:
-        yield hook.get_binding()
+        yield hook
     except NotSupportedError as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
     except (BindingError, BabelQueueError) as exc:
         raise HTTPException(status.HTTP_502_BAD_GATEWAY, f"connection {conn_id!r}: {exc}") from None
+    except ValueError as exc:  # an extra the console reads (console_queues) is malformed
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"connection {conn_id!r}: {exc}") from None
     finally:
         hook.close()
 
@@ -105,14 +116,24 @@ def _env_conn_type(value: str) -> str | None:
 
 
 @router.get("/queues", dependencies=_READ)
-def queues(conn_id: str, queue_name: Annotated[list[str], Query()]) -> dict[str, Any]:
-    """Depths of the named queues on a connection: ready messages, dead letters, each dead-letter source, the
-    oldest dead letter's ``failed_at`` where the broker can read its dead-letter queue, and the dead letters that
-    arrived in the last hour where the broker can tell (``dead_letters_last_hour``; ``..._whole`` false: at least
-    that many, the count stopped reading). Each dead-letter depth is also sent as the
+def queues(conn_id: str, queue_name: Annotated[list[str] | None, Query()] = None) -> dict[str, Any]:
+    """Depths of the named queues on a connection, or with no ``queue_name``, of the queues it knows: those its
+    ``console_queues`` extra names, then those the broker lists (SQL, Redis; at most :data:`MAX_QUEUES` in all).
+    Per queue: ready messages, dead letters, each dead-letter source, the oldest dead letter's ``failed_at`` where
+    the broker can read its dead-letter queue, and the dead letters that arrived in the last hour where the broker
+    can tell (``dead_letters_last_hour``; ``..._whole`` false: at least that many, the count stopped reading).
+    ``configured`` and ``listed`` say where the names came from (``listed`` is ``None`` when the broker cannot list
+    its queues, or names were given). Each dead-letter depth is also sent as the
     ``babelqueue.dlq_depth.<conn>.<queue>`` gauge."""
     out = []
-    with connection_binding(conn_id) as binding:
+    with connection_hook(conn_id) as hook:
+        binding = hook.get_binding()
+        told: list[str] = []
+        listed: list[str] | None = None
+        if queue_name is None:
+            told = hook.console_queues()
+            listed = binding.queue_names(MAX_QUEUES)
+            queue_name = list(dict.fromkeys([*told, *(listed or [])]))[:MAX_QUEUES]
         for name in queue_name:
             dead = binding.dead_letter_depth(name)
             gauge_dlq_depth(conn_id, name, dead)
@@ -128,7 +149,7 @@ def queues(conn_id: str, queue_name: Annotated[list[str], Query()]) -> dict[str,
             if recent is not None:
                 row["dead_letters_last_hour"], row["dead_letters_last_hour_whole"] = recent
             out.append(row)
-    return {"conn_id": conn_id, "broker": binding.name, "queues": out}
+    return {"conn_id": conn_id, "broker": binding.name, "queues": out, "configured": told, "listed": listed}
 
 
 def _first_raw(binding: Binding, queue_name: str) -> bytes | None:

@@ -160,3 +160,17 @@ def test_a_whole_queue_read_in_chunks_survives_removals(make: Callable[[str], Bi
     assert scan.scanned == 12 and scan.matched == 8
     assert removed == stored[:8]  # the four timeouts and the four refusals, each once
     assert binding.browse_dead_letter_bytes("orders", 0, 100) == stored[8:]
+
+
+@pytest.mark.parametrize("kind", PAGED)
+def test_queue_names_lists_the_queues_with_messages_or_dead_letters(make: Callable[[str], Binding],
+                                                                    kind: str) -> None:
+    binding = make(kind)
+    assert binding.queue_names() == []
+    _fill(binding, "orders")  # dead letters only
+    binding.publish(bq.encode(bq.make_envelope("urn:babel:billing:charged", {}, queue_name="billing")), "billing")
+    [held] = reserve_all(binding, "billing", 1)  # reserved: a Redis list holds it under processing
+    binding.publish(bq.encode(bq.make_envelope("urn:babel:x:y", {}, queue_name="audit.log")), "audit.log")
+    assert binding.queue_names() == ["audit.log", "billing", "orders"]
+    assert binding.queue_names(limit=2) == ["audit.log", "billing"]
+    binding.ack(held)

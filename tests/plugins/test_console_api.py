@@ -331,3 +331,26 @@ def test_a_framed_dead_letter_shows_its_headers(console: Console) -> None:
     assert one["entry"]["trace_id"] == "6f3f72e7-8857-40ab-ade4-38c099cb369a"
     plain = console.get("/dead-letters/0", conn_id="bq_console_redis", queue_name=console.queue).json()
     assert plain["headers"] == {}
+
+
+def test_queues_of_a_connection_are_those_it_names_and_those_the_broker_lists(
+        console: Console, monkeypatch: pytest.MonkeyPatch) -> None:
+    answer = console.get("/queues", conn_id="bq_console_sqlite").json()
+    names = [row["queue_name"] for row in answer["queues"]]
+    assert answer["configured"] == [] and answer["listed"] == names and names == sorted(names)
+    assert {console.queue, console.queue + "-act"} <= set(names)
+    [row] = [row for row in answer["queues"] if row["queue_name"] == console.queue]
+    [named] = console.get("/queues", conn_id="bq_console_sqlite", queue_name=[console.queue]).json()["queues"]
+    assert row == named and (row["depth"], row["dead_letter_depth"]) == (1, 4)
+
+    rabbit = console.get("/queues", conn_id="bq_console_rabbitmq").json()
+    assert (rabbit["queues"], rabbit["configured"], rabbit["listed"]) == ([], [], None)  # AMQP lists no queues
+    told = {**SPECS["bq_rabbitmq"], "extra": {"console_queues": "console-told, console-empty"}}
+    monkeypatch.setenv("AIRFLOW_CONN_BQ_CONSOLE_TOLD", json.dumps(told))
+    answer = console.get("/queues", conn_id="bq_console_told").json()
+    assert answer["configured"] == ["console-told", "console-empty"] and answer["listed"] is None
+    assert [(row["queue_name"], row["depth"], row["dead_letter_depth"]) for row in answer["queues"]] == [
+        ("console-told", 0, 0), ("console-empty", 0, 0)]
+    monkeypatch.setenv("AIRFLOW_CONN_BQ_CONSOLE_TOLD", json.dumps({**told, "extra": {"console_queues": [1]}}))
+    refused = console.get("/queues", conn_id="bq_console_told")
+    assert refused.status_code == 422 and "console_queues" in refused.json()["detail"]

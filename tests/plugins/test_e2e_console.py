@@ -163,7 +163,12 @@ def test_the_console_page_shows_a_filtered_queue_and_one_dead_letter(
         shown = ["dead letters: 6", "4 shown, 6 read from position 0; end of the queue", "Dead letter at position 3"]
         page = browser.wait(f"(h => {json.dumps(shown)}.every(s => h.includes(s)) && h)"
                             "(document.documentElement.outerHTML)")
-        assert page.count('class="entry"') == 4 and "urn:babel:billing:charged" not in page.split("<tbody")[1]
+        overview = browser.wait(f"[...document.querySelectorAll('#overview tr.entry')].map(r => [...r.children]"
+                                f".map(c => c.textContent)).filter(r => r[1] === {json.dumps(queue)})")
+        assert [row[:5] for row in overview] == [["bq_console", queue, "0", "6", "6"]]  # the queues overview
+        page = browser.run("document.documentElement.outerHTML")
+        page = page[page.index('id="entries"'):]
+        assert page.count('class="entry"') == 4 and "urn:babel:billing:charged" not in page
         # the markup in the error and in the stored bytes is shown as text, escaped, never as an element
         assert "&lt;img src=x onerror=alert(1)&gt;" in page and "<img src=" not in page
         browser.run("0")  # the browser's messages about the page have arrived

@@ -859,6 +859,30 @@ class RedisBinding(Binding):
                 break
         return out
 
+    def queue_names(self, limit: int = 200) -> list[str]:
+        """The queues of the lists under the key prefix (``SCAN`` of at most 10,000 keys, ``TYPE list``): a ready
+        list names its queue, a dead-letter list (the written suffix, or a suffix entry of ``dead_letter_sources``)
+        and a processing list name theirs."""
+        prefix, entries = self.config.key_prefix, self.config.dead_letter_sources
+        assert isinstance(entries, tuple)  # normalised by RedisConfig
+        suffixes = [self.config.dead_letter_suffix, *(entry for entry in entries
+                                                      if entry[:1] in ".:-_" and "{" not in entry)]
+        pattern = "".join(f"\\{c}" if c in "*?[]\\" else c for c in prefix) + "*"
+        names: set[str] = set()
+        with self._guard("list queues", prefix + "*"):
+            for scanned, key in enumerate(self.client.scan_iter(match=pattern, count=1000, _type="list")):
+                if scanned >= 10_000:
+                    break
+                name = (key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key))[len(prefix):]
+                name = name.removesuffix(":processing")
+                for suffix in suffixes:
+                    if name.endswith(suffix) and len(name) > len(suffix):
+                        name = name[: -len(suffix)]
+                        break
+                if name:
+                    names.add(name)
+        return sorted(names)[:limit]
+
     def dead_letters_failed_since(self, queue_name: str, since_ms: int, *,
                                   max_scan: int = 20_000) -> tuple[int, bool]:
         """Each DLQ list read from its tail (its newest) in LRANGE chunks until a dead letter that failed before

@@ -876,6 +876,16 @@ class SqlBinding(Binding):
                 total += int(conn.execute(query).scalar_one())
         return total
 
+    def queue_names(self, limit: int = 200) -> list[str]:
+        """The distinct ``queue`` values of the ready table and the dead-letter tables (read by their
+        ``(queue, ...)`` indexes), sorted."""
+        names: set[str] = set()
+        for t in [self._ready, *self._readable()]:
+            query = sa.select(t.c.queue).distinct().order_by(t.c.queue).limit(limit)
+            with self._guard("list queues", None), self._read() as conn:
+                names.update(row[0] for row in conn.execute(query))
+        return sorted(names)[:limit]
+
     def dead_letter_bytes_after(self, queue_name: str, cursor: Any, count: int) -> tuple[list[bytes], Any]:
         """The next ``count`` dead letters' bytes after ``cursor``, a ``(table index, row id)`` pair: rows after
         that id by the ``(queue, id)`` index, table after table, so each chunk costs the same at any depth (an

@@ -3,7 +3,7 @@
 "use strict";
 
 const API = "api";
-const state = { start: 0, next: null, entries: [], jobsTimer: null };
+const state = { start: 0, next: null, entries: [], jobsTimer: null, connections: [] };
 
 function $(id) { return document.getElementById(id); }
 
@@ -67,15 +67,56 @@ async function loadConnections() {
   if (named) select.value = named;
   if (saved.get("queue_name")) $("queue").value = saved.get("queue_name");
   for (const name of FILTERS) if (saved.get(name)) $(name).value = saved.get(name);
+  state.connections = connections;
   return saved.get("open");
+}
+
+function lastHour(row) {
+  return row.dead_letters_last_hour === null ? "—"
+    : `${row.dead_letters_last_hour_whole ? "" : "≥ "}${row.dead_letters_last_hour}`;
+}
+
+async function loadOverview(connections) {
+  // every connection's known queues, each connection answering on its own (a slow broker delays only its rows)
+  const body = $("overview");
+  for (const old of body.querySelectorAll("tbody")) old.remove();
+  await Promise.all(connections.map(async (c) => {
+    const group = el("tbody", null, { "data-conn": c.conn_id });
+    body.append(group);
+    try {
+      const answer = await call(`${API}/queues?${new URLSearchParams({ conn_id: c.conn_id })}`);
+      if (!answer.queues.length) {
+        const why = answer.listed === null ? "this broker cannot list its queues: set the connection's console_queues extra, or name a queue above"
+          : "no queue holds messages or dead letters";
+        const row = el("tr");
+        row.append(el("td", c.conn_id), el("td", why, { colspan: "5" }));
+        group.append(row);
+      }
+      for (const q of answer.queues) {
+        const row = el("tr", null, { class: "entry" });
+        const oldest = q.oldest_failed_at ? new Date(q.oldest_failed_at).toISOString() : "—";
+        row.append(el("td", c.conn_id), el("td", q.queue_name), el("td", q.depth), el("td", q.dead_letter_depth),
+          el("td", lastHour(q)), el("td", oldest));
+        row.addEventListener("click", () => {
+          $("conn").value = c.conn_id;
+          $("queue").value = q.queue_name;
+          loadPage(0);
+        });
+        group.append(row);
+      }
+    } catch (error) {
+      const row = el("tr");
+      row.append(el("td", c.conn_id), el("td", String(error.message || error), { colspan: "5", class: "error" }));
+      group.append(row);
+    }
+  }));
 }
 
 async function loadDepths() {
   const { queues } = await call(`${API}/queues?${new URLSearchParams(Object.assign(where()))}`);
   const row = queues[0];
   const oldest = row.oldest_failed_at ? new Date(row.oldest_failed_at).toISOString() : "—";
-  const hour = row.dead_letters_last_hour === null ? "not known on this broker"
-    : `${row.dead_letters_last_hour_whole ? "" : "at least "}${row.dead_letters_last_hour}`;
+  const hour = row.dead_letters_last_hour === null ? "not known on this broker" : lastHour(row);
   $("depths").replaceChildren(el("span", `ready: ${row.depth}`), el("span", `dead letters: ${row.dead_letter_depth}`),
     el("span", `last hour: ${hour}`), el("span", `sources: ${row.dead_letter_sources.join(", ")}`),
     el("span", `oldest failure: ${oldest}`));
@@ -252,6 +293,7 @@ document.addEventListener("DOMContentLoaded", async () => {
   wire();
   try {
     const open = await loadConnections();
+    loadOverview(state.connections);  // not awaited: the queue named in the link loads meanwhile
     await loadActions();
     await loadJobs();
     await loadReports();
@@ -259,7 +301,7 @@ document.addEventListener("DOMContentLoaded", async () => {
       await loadPage(0);
       if (open !== null) await openEntry(Number(open));
     } else {
-      say("Pick a connection, name a queue, then Load.");
+      say("Pick a queue in the overview, or a connection and a queue name, then Load.");
     }
   } catch (error) {
     say(String(error.message || error), true);
