@@ -268,6 +268,16 @@ def test_an_operator_filters_opens_replays_once_and_discards_with_archive_in_the
             assert job[1:5] == ["admin", "replay", f"bq_console / {queue}", "succeeded"]
             assert job[5] == "read 5 of 5, matched 3; duplicates_avoided 2, duplicates_kept 0, replayed 1", job
             assert binding.depth(queue) == 3  # the one failed dead letter not replayed before, once
+            # to another queue, under a rate cap: that queue's ledger is its own, so all three go there
+            other = f"{queue}-again"
+            browser.run(f"document.getElementById('target').value = {json.dumps(other)}; "
+                        "document.getElementById('rate').value = '20'")
+            browser.run("document.getElementById('replay').click()")
+            job = browser.wait("(r => r && r.querySelector('.state').textContent === 'succeeded' && "
+                               f"r.children[0].textContent !== {json.dumps(job[0])} && "
+                               "[...r.children].map(c => c.textContent))(document.querySelector('#jobs tr'))")
+            assert job[5] == "read 5 of 5, matched 3; duplicates_avoided 0, duplicates_kept 0, replayed 3", job
+            assert (binding.depth(queue), binding.depth(other)) == (3, 3)
             shot = tmp_path / "console-job.png"
             browser.run("document.getElementById('jobs').closest('table').scrollIntoView()")
             browser.screenshot(shot)

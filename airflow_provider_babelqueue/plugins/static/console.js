@@ -262,17 +262,24 @@ async function loadReports() {
   if (!reports.length) $("reports").replaceChildren(el("li", "none yet: a triage task with report_output writes one"));
 }
 
-function ledger() {
-  const named = $("ledger").value.trim();
-  return named ? { ledger_conn_id: named } : {};
+function replayOptions() {
+  // where the ledger lives, where the messages go, how fast: empty fields keep the replay engine's defaults
+  const out = {};
+  const ledger = $("ledger").value.trim();
+  const target = $("target").value.trim();
+  const rate = Number($("rate").value);
+  if (ledger) out.ledger_conn_id = ledger;
+  if (target) out.target_queue_name = target;
+  if ($("rate").value.trim() && rate > 0) out.max_messages_per_second = rate;
+  return out;
 }
 
 function wire() {
   $("load").addEventListener("click", () => loadPage(0));
   $("next").addEventListener("click", () => { if (state.next !== null) loadPage(state.next); });
-  $("preview").addEventListener("click", () => act("replay", Object.assign(selection(), ledger(), { dry_run: true }),
+  $("preview").addEventListener("click", () => act("replay", Object.assign(selection(), replayOptions(), { dry_run: true }),
     (a) => `preview: ${a.replayed} would be replayed to ${JSON.stringify(a.targets)}; skipped ${JSON.stringify(a.skipped)}`));
-  $("replay").addEventListener("click", () => act("replay", Object.assign(selection(), ledger(), { dry_run: false }),
+  $("replay").addEventListener("click", () => act("replay", Object.assign(selection(), replayOptions(), { dry_run: false }),
     (a) => `replayed ${a.replayed}; ${a.duplicates_avoided} already replayed before` +
       (a.ledgers.length ? ` (ledger ${a.ledgers.join(", ")})` : "")));
   $("export").addEventListener("click", () => act("export", selection(), (text) => `exported ${text.split("\n").filter(Boolean).length} drain records`));
