@@ -225,6 +225,8 @@ def test_every_route_of_the_plugin_checks_the_login(site: Site) -> None:
                                                 "/console/api/dead-letters", "/console/api/dead-letters/{position}",
                                                 "/console/api/actions", "/console/api/actions/replay",
                                                 "/console/api/actions/export", "/console/api/actions/discard",
+                                                "/console/api/jobs", "/console/api/jobs/{job_id}",
+                                                "/console/api/jobs/{job_id}/cancel", "/console/api/jobs/{job_id}/file",
                                                 "/console/", "/console/app.js", "/console/app.css", "/reports"}
     assert [route.path for route in entry["app"].routes if not isinstance(route, APIRoute)] == []
     for route in routes:
