@@ -273,8 +273,13 @@ def _in_background(action: str, who: str, request: Selection, run: Any, **option
     def audit(event: str, done: Job, details: dict[str, Any]) -> None:
         _audit(event, done.who, request, job=done.id, **details)
 
-    start_job(job, work, audit)
-    return Response(json.dumps({"job": job.as_dict()}), status_code=status.HTTP_202_ACCEPTED,
+    try:
+        started = start_job(job, work, audit)
+    except OSError as exc:
+        raise HTTPException(status.HTTP_500_INTERNAL_SERVER_ERROR,
+                            f"cannot keep the job's state under the output root ([babelqueue] output_root): "
+                            f"{exc}") from None
+    return Response(json.dumps({"job": started}), status_code=status.HTTP_202_ACCEPTED,
                     media_type="application/json")
 
 

@@ -69,8 +69,6 @@ def connection_hook(conn_id: str) -> Iterator[Any]:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
     except (BindingError, BabelQueueError) as exc:
         raise HTTPException(status.HTTP_502_BAD_GATEWAY, f"connection {conn_id!r}: {exc}") from None
-    except ValueError as exc:  # an extra the console reads (console_queues) is malformed
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"connection {conn_id!r}: {exc}") from None
     finally:
         hook.close()
 
@@ -131,7 +129,10 @@ def queues(conn_id: str, queue_name: Annotated[list[str] | None, Query()] = None
         told: list[str] = []
         listed: list[str] | None = None
         if queue_name is None:
-            told = hook.console_queues()
+            try:
+                told = hook.console_queues()
+            except ValueError as exc:
+                raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
             listed = binding.queue_names(MAX_QUEUES)
             queue_name = list(dict.fromkeys([*told, *(listed or [])]))[:MAX_QUEUES]
         for name in queue_name:

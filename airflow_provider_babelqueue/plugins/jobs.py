@@ -176,17 +176,19 @@ Work = Callable[[Progress], dict[str, Any]]
 Audit = Callable[[str, Job, dict[str, Any]], None]
 
 
-def start_job(job: Job, work: Work, audit: Audit, store: JobStore | None = None) -> Job:
+def start_job(job: Job, work: Work, audit: Audit, store: JobStore | None = None) -> dict[str, Any]:
     """Save the job, record its start, and run ``work`` on a thread of this process; its result (the final
     counts) and state are saved and recorded when it ends. ``work`` opens and closes its own broker connections:
-    the request that started the job has answered by then."""
+    the request that started the job has answered by then. Returns the job as it started (the thread changes
+    ``job`` from then on)."""
     store = store or JobStore()
     store.save(job)
     audit(job.action + "_started", job, {})
+    started = job.as_dict()
     thread = threading.Thread(target=_run, args=(store, job, work, audit), name=f"babelqueue-job-{job.id}",
                               daemon=True)
     thread.start()
-    return job
+    return started
 
 
 def _run(store: JobStore, job: Job, work: Work, audit: Audit) -> None:
@@ -196,7 +198,8 @@ def _run(store: JobStore, job: Job, work: Work, audit: Audit) -> None:
     except Cancelled:
         job.state = "cancelled"
     except Exception as exc:  # noqa: BLE001 - a job's failure is its state, shown in the console
-        job.state, job.error = "failed", f"{type(exc).__name__}: {exc}"
+        detail = getattr(exc, "detail", None)  # a connection's error, worded for an answer (console.connection_hook)
+        job.state, job.error = "failed", detail if isinstance(detail, str) else f"{type(exc).__name__}: {exc}"
     job.finished_at = job.updated_at = time.time()
     store.save(job)
     audit(job.action, job, {"state": job.state, "scanned": job.scanned, "matched": job.matched,

@@ -7,6 +7,7 @@ next), a discard job archives each part before removing it, an export job's file
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -214,3 +215,60 @@ def test_queues_count_the_dead_letters_of_the_last_hour(console: Console, conn_i
     assert (row["dead_letter_depth"], row["dead_letters_last_hour"], row["dead_letters_last_hour_whole"]) == (8, 3,
                                                                                                             True)
     assert row["oldest_failed_at"] == now - 2 * HOUR_MS and row["can_discard"] is True
+
+
+def test_jobs_keep_their_state_and_files_in_object_storage(console: Console, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An output root in object storage (fsspec's in-memory file system, registered for the test as a provider
+    registers its scheme: Airflow's registry has no ``memory`` scheme of its own): the job files, an export's
+    records and a discard's archive land there."""
+    import fsspec
+    from airflow.sdk import ObjectStoragePath
+    from airflow.sdk.io import fs as airflow_fs
+
+    monkeypatch.setitem(airflow_fs._register_filesystems(), "memory", lambda conn_id: fsspec.filesystem("memory"))
+
+    from airflow_provider_babelqueue.core.records import record_body
+
+    root = f"memory://bq-console-{uuid.uuid4().hex[:8]}/runs"
+    monkeypatch.setenv("AIRFLOW__BABELQUEUE__OUTPUT_ROOT", root)
+    conn_id, queue = "bq_jobs_sqlite", console.queue + "-remote"
+    stored = _fill(conn_id, queue, 30)
+    failed = [body for n, body in enumerate(stored) if n % 3 != 2]
+    export = _wait(console, _start(console, "/actions/export", conn_id, queue)["id"])
+    assert export["state"] == "succeeded", export["error"]
+    assert export["output"].startswith(f"{root}/console/{conn_id}/")
+    served = console.client.get(f"/babelqueue/console/api/jobs/{export['id']}/file",
+                                headers={"Authorization": f"Bearer {console.tokens['op']}"})
+    assert [record_body(json.loads(line)) for line in served.content.splitlines()] == failed
+    assert ObjectStoragePath(f"{root}/console/jobs/{export['id']}.json").exists()
+    discard = _wait(console, _start(console, "/actions/discard", conn_id, queue)["id"])
+    assert discard["state"] == "succeeded" and discard["counts"]["discarded"] == len(failed)
+    [archive] = discard["counts"]["archives"]
+    assert [record_body(json.loads(line)) for line in ObjectStoragePath(archive).read_bytes().splitlines()] == failed
+    assert [job["id"] for job in console.get("/jobs").json()["jobs"]] == [discard["id"], export["id"]]
+
+
+def test_a_job_that_fails_says_why(console: Console, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The output root cannot be written (a file stands where its folder would be): the export job fails, its
+    state and the audit log say why, and nothing was taken from the queue."""
+    conn_id, queue = "bq_jobs_redis", console.queue + "-fails"
+    stored = _fill(conn_id, queue, 10)
+    blocked = Path(json.loads(os.environ["AIRFLOW_CONN_BQ_JOBS_SQLITE"])["host"]).parent / "blocked"
+    blocked.write_text("a file, not a folder")
+    monkeypatch.setenv("AIRFLOW__BABELQUEUE__OUTPUT_ROOT", str(blocked))
+    refused = console.post("/actions/export", {"conn_id": conn_id, "queue_name": queue, "filter": {},
+                                               "background": True})
+    assert refused.status_code == 500 and "output_root" in refused.json()["detail"]  # no job file: no job
+    monkeypatch.setenv("AIRFLOW__BABELQUEUE__OUTPUT_ROOT", str(blocked.parent / "runs-ok"))
+    (blocked.parent / "runs-ok" / "console").mkdir(parents=True, exist_ok=True)
+    (blocked.parent / "runs-ok" / "console" / conn_id).write_text("a file where the export's folder goes")
+    job = _wait(console, _start(console, "/actions/export", conn_id, queue)["id"])
+    assert job["state"] == "failed" and job["error"].startswith(("NotADirectoryError", "FileExistsError")), job
+    [event] = [a for a in console.get("/actions", limit=500).json()["actions"]
+               if a["action"] == "export" and a["details"].get("job") == job["id"]]
+    assert event["details"]["state"] == "failed" and event["details"]["error"] == job["error"]
+    hook = get_hook(conn_id)
+    try:
+        assert hook.get_binding().browse_dead_letter_bytes(queue, 0, 100) == stored  # nothing taken
+    finally:
+        hook.close()
