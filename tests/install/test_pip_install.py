@@ -18,6 +18,7 @@ The venv's interpreter is ``$BABELQUEUE_INSTALL_PYTHON`` (``python3.11`` by defa
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import re
@@ -185,6 +186,22 @@ def test_pip_check_passes(installed: Installed) -> None:
     done = subprocess.run([str(installed.python), "-m", "pip", "check"], capture_output=True, text=True,
                           timeout=120, env=clean_env(), cwd=installed.root, check=False)
     assert done.returncode == 0, f"pip check found broken requirements:\n{done.stdout}{done.stderr}"
+
+
+def test_the_console_page_is_served_from_the_installed_files(installed: Installed) -> None:
+    """The console's page has no build step: the wheel carries ``plugins/static`` as committed, byte for byte
+    (a stale or missing file in the wheel fails here), and the installed plugin mounts the console's routes."""
+    found = installed.probe(
+        "import json, hashlib, pathlib, airflow_provider_babelqueue.plugins.page as page\n"
+        "folder = pathlib.Path(page.__file__).parent / 'static'\n"
+        "print(json.dumps({p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}))")
+    static = ROOT / "airflow_provider_babelqueue" / "plugins" / "static"
+    assert found == {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(static.iterdir())}
+    routes = installed.probe(
+        "import json\nfrom airflow_provider_babelqueue.plugins.app import create_app\n"
+        "print(json.dumps(sorted(r.path for r in create_app().routes if r.path.startswith('/console'))))")
+    assert isinstance(routes, list) and {"/console/", "/console/app.js", "/console/api/queues",
+                                         "/console/api/jobs/{job_id}"} <= set(routes)
 
 
 @pytest.mark.slow
