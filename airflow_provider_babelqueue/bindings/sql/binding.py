@@ -26,7 +26,6 @@ import os
 import re
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -51,6 +50,7 @@ from ..base import (
     dead_letter_view,
     parse_body,
 )
+from . import dead_letters
 from .engine import create_engine, mark_returned, ping_if_idle, sqlite_wal
 
 __all__ = ["SqlBinding", "SqlConfig", "column_text", "sqlite_url"]
@@ -64,8 +64,6 @@ _TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
 #: A dead-letter table's name: the ready table's rule plus room for ``_failed``.
 _FAILED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,46}")
 _BATCH_CHUNK = 500
-#: Bodies per transaction of a console's discard.
-_DISCARD_BATCH = 500
 
 
 #: PostgreSQL, for the reserve's transaction only: read the rows in the queue index's order. A queue table's
@@ -877,48 +875,17 @@ class SqlBinding(Binding):
         return total
 
     def queue_names(self, limit: int = 200) -> list[str]:
-        """The distinct ``queue`` values of the ready table and the dead-letter tables (read by their
-        ``(queue, ...)`` indexes), sorted."""
-        names: set[str] = set()
-        for t in [self._ready, *self._readable()]:
-            query = sa.select(t.c.queue).distinct().order_by(t.c.queue).limit(limit)
-            with self._guard("list queues", None), self._read() as conn:
-                names.update(row[0] for row in conn.execute(query))
-        return sorted(names)[:limit]
+        """:func:`.dead_letters.queue_names`."""
+        return dead_letters.queue_names(self, limit)
 
     def dead_letter_bytes_after(self, queue_name: str, cursor: Any, count: int) -> tuple[list[bytes], Any]:
-        """The next ``count`` dead letters' bytes after ``cursor``, a ``(table index, row id)`` pair: rows after
-        that id by the ``(queue, id)`` index, table after table, so each chunk costs the same at any depth (an
-        ``OFFSET`` would walk every row before it) and a row removed meanwhile moves nothing."""
-        index, after = cursor if cursor is not None else (0, None)
-        tables = self._readable()
-        out: list[bytes] = []
-        while index < len(tables) and len(out) < count:
-            t = tables[index]
-            query = sa.select(t.c.id, t.c.payload).where(t.c.queue == queue_name)
-            if after is not None:
-                query = query.where(t.c.id > after)
-            query = query.order_by(t.c.id).limit(count - len(out))
-            with self._guard("browse dead letters", queue_name), self._read() as conn:
-                rows = conn.execute(query).all()
-            out += [bytes(row[1]) for row in rows]
-            if len(out) < count:
-                index, after = index + 1, None  # this table is read to its end
-            elif rows:
-                after = rows[-1][0]
-        return out, (index, after)
+        """:func:`.dead_letters.dead_letter_bytes_after`."""
+        return dead_letters.dead_letter_bytes_after(self, queue_name, cursor, count)
 
     def dead_letters_failed_since(self, queue_name: str, since_ms: int, *,
                                   max_scan: int = 20_000) -> tuple[int, bool]:
-        """A COUNT of the queue's dead letters whose ``failed_at`` column is at or after ``since_ms``, summed over
-        the dead-letter tables: always whole."""
-        total = 0
-        for t in self._readable():
-            query = sa.select(sa.func.count()).select_from(t).where(t.c.queue == queue_name,
-                                                                    t.c.failed_at >= since_ms)
-            with self._guard("count dead letters", queue_name), self._read() as conn:
-                total += int(conn.execute(query).scalar_one())
-        return total, True
+        """:func:`.dead_letters.dead_letters_failed_since`."""
+        return dead_letters.dead_letters_failed_since(self, queue_name, since_ms, max_scan=max_scan)
 
     def browse_dead_letters(self, queue_name: str, limit: int = 100) -> list[ReceivedMessage]:
         """The oldest ``limit`` dead letters of the queue, reserved or not, table after table; nothing is
@@ -935,55 +902,12 @@ class SqlBinding(Binding):
         return out
 
     def browse_dead_letter_bytes(self, queue_name: str, start: int, stop: int) -> list[bytes]:
-        """The stored bytes of the queue's dead letters ``start``..``stop`` - 1, reserved or not, oldest first, table
-        after table (a table's rows are counted only when a read starts past its end); nothing is changed.
-
-        Not :meth:`browse_dead_letter_raws`: a drain must keep what the columns say beside the bytes (the reason
-        and error of a body that could not be annotated), so it browses messages here."""
-        out: list[bytes] = []
-        tables = self._readable()
-        for index, t in enumerate(tables):
-            if stop <= start or stop <= 0:
-                break
-            where = t.c.queue == queue_name
-            query = (sa.select(t.c.payload).where(where).order_by(t.c.id).offset(max(start, 0))
-                     .limit(stop - max(start, 0)))
-            with self._guard("browse dead letters", queue_name), self._read() as conn:
-                rows = [bytes(row[0]) for row in conn.execute(query)]
-            out += rows
-            if len(rows) == stop - max(start, 0) or index == len(tables) - 1:
-                break  # the range is filled, or no table follows: no need to know this table's size
-            if rows:  # a short read ends the table: its size is where the rows ended
-                count = max(start, 0) + len(rows)
-            else:
-                with self._guard("count dead letters", queue_name), self._read() as conn:
-                    count = int(conn.execute(sa.select(sa.func.count()).select_from(t).where(where)).scalar_one())
-            start, stop = start - count, stop - count
-        return out
+        """:func:`.dead_letters.browse_dead_letter_bytes`."""
+        return dead_letters.browse_dead_letter_bytes(self, queue_name, start, stop)
 
     def discard_dead_letters(self, queue_name: str, bodies: Sequence[bytes]) -> int:
-        """Delete the oldest rows holding the bodies, table after table (the first that held each), in
-        transactions of up to ``_DISCARD_BATCH`` bodies: one look-up of the rows by payload and one delete by
-        id each, so a large discard reads the table once per batch, not once per body."""
-        removed = 0
-        for offset in range(0, len(bodies), _DISCARD_BATCH):
-            wanted = Counter(bytes(body) for body in bodies[offset:offset + _DISCARD_BATCH])
-            for t in self._readable():
-                if not wanted:
-                    break
-                found = (sa.select(t.c.id, t.c.payload)
-                         .where(t.c.queue == queue_name, t.c.payload.in_(list(wanted))).order_by(t.c.id))
-                with self._guard("remove dead letters", queue_name), self._write() as conn:
-                    ids = []
-                    for row_id, payload in conn.execute(found):
-                        payload = bytes(payload)
-                        if wanted.get(payload, 0) > 0:
-                            wanted[payload] -= 1
-                            ids.append(row_id)
-                    if ids:
-                        removed += conn.execute(sa.delete(t).where(t.c.id.in_(ids))).rowcount
-                wanted = +wanted  # drop the bodies found here
-        return removed
+        """:func:`.dead_letters.discard_dead_letters`."""
+        return dead_letters.discard_dead_letters(self, queue_name, bodies)
 
     def seen_store(self, name: str) -> SqlSeenStore:
         from .stores import SqlSeenStore
