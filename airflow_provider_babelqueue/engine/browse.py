@@ -38,6 +38,7 @@ __all__ = [
     "dead_letter_headers",
     "dead_letter_raw",
     "entry_of",
+    "reads_by_position",
     "matching",
     "selected",
 ]
@@ -191,11 +192,15 @@ class BrowsePage:
                 "head_only": self.head_only}
 
 
+def reads_by_position(binding: Binding, queue_name: str) -> bool:
+    """Whether the binding reads its stored dead-letter bytes at any position (Redis, SQL), not only the head."""
+    return binding.browse_dead_letter_bytes(queue_name, 0, 0) is not None
+
+
 def _bodies(binding: Binding, queue_name: str, start: int, depth: int) -> tuple[Iterator[bytes], bool]:
     """The stored bytes from ``start`` on, read in chunks; and whether only the head can be read. (A page checks
     its time after each dead letter, so no chunk is fetched once the time is up.)"""
-    probe = binding.browse_dead_letter_bytes(queue_name, start, start)
-    if probe is not None:
+    if reads_by_position(binding, queue_name):
         def chunks() -> Iterator[bytes]:
             position = start
             while True:  # to the end, not the depth: the depth leaves out dead letters a drain holds reserved
@@ -268,7 +273,7 @@ def dead_letter_headers(binding: Binding, queue_name: str, position: int, raw: b
     """The headers of the dead letter at ``position``, whose stored bytes are ``raw``: a header frame's headers
     where the bytes are all the broker keeps (Redis, SQL), else the native properties the broker reads with it (a
     head read: Service Bus), each value as JSON gives it or as text."""
-    if binding.browse_dead_letter_bytes(queue_name, 0, 0) is not None or not binding.can_browse:
+    if reads_by_position(binding, queue_name) or not binding.can_browse:
         return frame_headers(raw)
     head = binding.browse_dead_letters(queue_name, limit=min(position + 1, HEAD_LIMIT))
     if position >= len(head) or head[position].body != raw:
@@ -342,7 +347,7 @@ class MatchScan:
     """
 
     def __init__(self, binding: Binding, queue_name: str, query: DeadLetterQuery) -> None:
-        if binding.dead_letter_bytes_after(queue_name, None, 0) is None:
+        if not reads_by_position(binding, queue_name):
             raise NotSupportedError(
                 f"the {binding.name} binding cannot read dead letters by position; an action on its first "
                 f"{HEAD_LIMIT} dead letters runs within the request" if binding.can_browse else
