@@ -158,13 +158,15 @@ def _require_browse(binding: Binding, what: str) -> None:
 def fingerprint_groups(binding: Binding, queue_name: str, *, reasons: Sequence[str] | None = None,
                        urns: str | Sequence[str] | None = None, jsonpath: str | None = None,
                        browse_limit: int = BROWSE_LIMIT) -> DeadLetterGroups:
-    """Read the DLQ's depth and its first ``browse_limit`` dead letters (nothing is removed) and group them.
+    """Read the DLQ's first ``browse_limit`` dead letters and then its depth (nothing is removed) and group them.
 
     :raises NotSupportedError: the broker cannot browse its DLQ (RabbitMQ, SQS, Pulsar).
     """
     _require_browse(binding, "fire_on='new_fingerprint'")
-    depth = binding.dead_letter_depth(queue_name)
     messages = binding.browse_dead_letters(queue_name, browse_limit)
+    # read after the browse, so a dead letter landing between the two reads never makes the depth smaller than
+    # what was read (a drain between them could: the DLQ held at least what the browse returned)
+    depth = max(binding.dead_letter_depth(queue_name), len(messages))
     matching, groups, by_reason, by_source = group_messages(messages, reasons=reasons, urns=urns, jsonpath=jsonpath)
     return DeadLetterGroups(depth, len(messages), matching, groups, by_reason, by_source)
 
