@@ -40,7 +40,7 @@ from ..core.errors import (
     NotSupportedError,
     PublishBatchError,
 )
-from ..core.frames import encode_frame, frame_headers, open_body
+from ..core.frames import FRAME_KEY, encode_frame, frame_headers, open_body, open_decoded
 from ..core.integers import INT64_MAX
 from ..core.peer import WrapperParts, wrap_raw, wrap_raw_parts
 
@@ -64,6 +64,7 @@ __all__ = [
     "dead_letter_view",
     "frame_headers",
     "parse_body",
+    "received_message",
     "redact_url",
     "require_extra",
     "scrub_url_password",
@@ -131,6 +132,45 @@ class ReceivedMessage:
         return bq.urn_of(self.envelope) if self.envelope is not None else ""
 
 
+def _slot_setter(name: str) -> Callable[[Any, Any], None]:
+    return getattr(ReceivedMessage, name).__set__  # type: ignore[no-any-return]
+
+
+_SET_BODY, _SET_QUEUE, _SET_ENVELOPE, _SET_ERROR, _SET_ATTEMPTS, _SET_DELIVERIES, _SET_HEADERS, _SET_RECEIPT, \
+    _SET_FROM_DLQ, _SET_SOURCE, _SET_STORED = map(_slot_setter, (
+        "body", "queue_name", "envelope", "decode_error", "attempts", "delivery_count", "headers", "receipt",
+        "from_dead_letter", "dead_letter_source", "stored_size"))
+
+
+def received_message(body: bytes, queue_name: str, envelope: dict[str, Any] | None, decode_error: str | None,
+                     attempts: int, headers: Mapping[str, Any], receipt: Any,
+                     delivery_count: int | None = None) -> ReceivedMessage:
+    """A :class:`ReceivedMessage` of a queue (not a dead-letter read, its body read), built for a reserve's hot
+    path: the same frozen object as ``ReceivedMessage(...)``, for about half the cost. A frozen dataclass's
+    ``__init__`` sets each of its eleven fields through ``object.__setattr__``; this sets them through the
+    slots' own descriptors, once per message of every batch a consumer reserves.
+
+    :param headers: passed, not defaulted: a binding without headers passes one shared empty mapping rather
+        than a new dict per message.
+    """
+    message = _NEW(ReceivedMessage)
+    _SET_BODY(message, body)
+    _SET_QUEUE(message, queue_name)
+    _SET_ENVELOPE(message, envelope)
+    _SET_ERROR(message, decode_error)
+    _SET_ATTEMPTS(message, attempts)
+    _SET_DELIVERIES(message, delivery_count)
+    _SET_HEADERS(message, headers)
+    _SET_RECEIPT(message, receipt)
+    _SET_FROM_DLQ(message, False)
+    _SET_SOURCE(message, None)
+    _SET_STORED(message, None)
+    return message
+
+
+_NEW = object.__new__
+
+
 def parse_body(body: bytes, max_bytes: int | None = None) -> tuple[dict[str, Any] | None, str | None, int]:
     """``(envelope, decode_error, body_attempts)`` for a raw body; attempts is 0 when unusable.
 
@@ -146,7 +186,9 @@ def parse_body(body: bytes, max_bytes: int | None = None) -> tuple[dict[str, Any
     if max_bytes is not None and len(body) > max_bytes:
         return None, f"body is {len(body):,} bytes; not decoded (over the decode limit of {max_bytes:,})", 0
     try:
-        env = open_body(body)[0]
+        env = bq.decode(body)
+        if FRAME_KEY in env:
+            env = open_decoded(env)[0]
     except EnvelopeDecodeError as exc:
         return None, str(exc), 0
     attempts = env.get("attempts")

@@ -402,7 +402,8 @@ def check(envelope: Mapping[str, Any]) -> Reason | None:
     except AttributeError:
         raise TypeError(f"check() takes a decoded envelope (dict), got {type(envelope).__name__}.") from None
     job = get("job")
-    if job.__class__ is not str or _blank(job):
+    # each test is `_blank` inlined for the common case (a non-empty str with a non-space character)
+    if job.__class__ is not str or not job or (job.isspace() and _blank(job)):
         if not urn_of(envelope):
             return Reason.MISSING_URN
     meta = get("meta")
@@ -415,7 +416,7 @@ def check(envelope: Mapping[str, Any]) -> Reason | None:
     if data.__class__ is not dict and not isinstance(data, Mapping) and data != []:
         return Reason.INVALID_DATA
     trace_id = get("trace_id")
-    if trace_id.__class__ is not str or _blank(trace_id):
+    if trace_id.__class__ is not str or not trace_id or (trace_id.isspace() and _blank(trace_id)):
         if not isinstance(trace_id, str) or _blank(trace_id):
             return Reason.MISSING_TRACE_ID
     attempts = get("attempts")

@@ -31,6 +31,7 @@ __all__ = [
     "frame_headers",
     "looks_framed",
     "open_body",
+    "open_decoded",
     "unwrap_frame",
 ]
 
@@ -133,7 +134,16 @@ def open_body(raw: bytes) -> tuple[dict[str, Any], Frame | None]:
     :raises EnvelopeDecodeError: the body is not a JSON object (poison).
     :raises FrameError: the body is marked as a frame but is not a usable one; the message says what is wrong.
     """
-    value = bq.decode(raw)
+    return open_decoded(bq.decode(raw))
+
+
+def open_decoded(value: dict[str, Any]) -> tuple[dict[str, Any], Frame | None]:
+    """:func:`open_body` of a body already decoded (with :func:`~.envelope.decode`) into ``value``: a reserve
+    decodes every body anyway and opens the rare frame from the value it has.
+
+    :raises EnvelopeDecodeError: the frame's ``body`` does not hold an envelope.
+    :raises FrameError: ``value`` is marked as a frame but is not a usable one.
+    """
     if FRAME_KEY not in value:
         return value, None
     frame = unwrap_frame(value)

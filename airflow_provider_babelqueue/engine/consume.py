@@ -497,7 +497,9 @@ class Consumer:
         reason = bq.check(envelope)
         if reason is not None:
             return self._dead_letter(message, reason, f"the envelope failed validation: {reason}")
-        urn = bq.urn_of(envelope)
+        urn = envelope.get("job")  # check() passed: the URN is ``job`` unless that is blank (then the alias)
+        if urn.__class__ is not str or not urn or urn.isspace():
+            urn = bq.urn_of(envelope)
         handler = self.handlers.get(urn)
         if handler is None:
             return self._unknown(message, urn)
@@ -505,23 +507,26 @@ class Consumer:
             # the broker counted more deliveries than the body (check() made attempts an int): the handler sees
             # the reconciled count, on a copy, so the decoded envelope stays what the body holds
             envelope = {**envelope, "attempts": message.attempts}
-        returned: list[Any] = []  # the guard returns what it did, not what the handler returned
         try:
             if self.guard is None:
-                returned.append(handler(envelope))
-                effect = Effect.RUN
+                result = handler(envelope)
             else:
-                effect = self.guard.process(envelope, lambda env: returned.append(handler(env)))
+                returned: list[Any] = []  # the guard returns what it did, not what the handler returned
+                if self.guard.process(envelope, lambda env: returned.append(handler(env))) is Effect.SKIP:
+                    self._ack(message)
+                    self.summary.skipped_duplicates += 1
+                    return "skipped_duplicate"
+                result = returned[0] if returned else None
         except Exception as exc:  # noqa: BLE001 - any handler failure is retried or dead-lettered
             return self._failed(message, exc, bq.Reason.FAILED)
-        if effect is Effect.SKIP:
-            self._ack(message)
-            self.summary.skipped_duplicates += 1
-            return "skipped_duplicate"
-        self._ack(message)
+        acks = self._acks  # the batch's acks inside run(); None: ack now (see _ack)
+        if acks is None:
+            self.binding.ack(message)
+        else:
+            acks.append(message)
         self.summary.handled += 1
-        if returned and returned[0] is not None:
-            self._keep_result(bq.meta_id_of(envelope), urn, returned[0])
+        if result is not None:
+            self._keep_result(bq.meta_id_of(envelope), urn, result)
         return "handled"
 
     def _unknown(self, message: ReceivedMessage, urn: str) -> str:
@@ -636,9 +641,12 @@ class Consumer:
         which happens every :attr:`settle_interval` seconds too when handlers are slow. Returns whether the batch
         brought anything new: a message this run did not hand back before."""
         fresh = self.message_filter is None or any(self._identity(m) not in self._handed_back for m in batch)
+        # process() without its tracing layer when there is none (and no subclass put its own process() there)
+        plain = self.tracer is None and type(self).process is Consumer.process
+        process = self._process if plain else self.process
         since = time.monotonic()
         for message in batch:
-            self.process(message)
+            process(message)
             if time.monotonic() - since >= self.settle_interval:
                 self._settle()
                 since = time.monotonic()
