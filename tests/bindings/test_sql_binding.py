@@ -490,3 +490,58 @@ def test_a_dead_letter_row_is_written_whatever_the_message_holds(target: Target,
     assert attempts == (2**31 - 1 if old_layout else 2**31 + 5)
     assert ("ALTER COLUMN attempts TYPE BIGINT" in caplog.text) == old_layout
     assert binding.depth(target.queue) == 0 and binding.dead_letter_depth(target.queue) == 1
+
+
+# ------------------------------------------------------------------------------------------ SQLite's driver path
+
+
+def test_a_locked_sqlite_database_fails_the_batch_with_the_hint_and_loses_nothing(tmp_path: Path) -> None:
+    """The consumer's batch statements run on SQLite's driver: its "database is locked" still becomes a
+    BindingError that says what to do, the previous batch stays reserved, and the next call settles it."""
+    import sqlite3
+
+    path = tmp_path / "q.db"
+    engine = sa.create_engine(sqlite_url(path), connect_args={"timeout": 0.2})  # short busy wait: fail fast
+    bodies = [body_for("q", n) for n in range(5)]
+    with SqlBinding(SqlConfig(url="sqlite://", table="jobs"), engine=engine) as binding:
+        binding.publish_batch(bodies, "q")
+        first = binding.settle_and_reserve("q", 2)
+        assert [m.body for m in first] == bodies[:2]
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")  # another writer holds the lock past the busy timeout
+        try:
+            with pytest.raises(BindingError, match="another connection held the database lock too long"):
+                binding.settle_and_reserve("q", 2, acks=first)
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        second = binding.settle_and_reserve("q", 10, acks=first)  # the same acks, again: nothing was settled
+        assert [m.body for m in second] == bodies[2:]
+        binding.settle(second)
+        assert (binding.depth("q"), binding.dead_letter_depth("q")) == (0, 0)
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM jobs")).scalar_one() == 0
+        # the pooled driver connection is back in its implicit-transaction mode for SQLAlchemy's own statements
+        driver = conn.connection.driver_connection
+        assert driver is not None and driver.isolation_level == ""
+
+
+def test_a_batch_released_and_acked_on_sqlite_keeps_each_outcome(tmp_path: Path) -> None:
+    """The driver's executemany release: attempts one higher in the column and the body, each its own delay;
+    the acked rows gone; an unread body (over the decode limit) released as stored."""
+    with SqlBinding(SqlConfig(url=sqlite_url(tmp_path / "q.db"), table="jobs")) as binding:
+        binding.decode_limit = 400
+        big = bq.encode(bq.make_envelope("urn:babel:orders:created", {"pad": "x" * 500}, queue_name="q"))
+        bodies = [body_for("q", 0), body_for("q", 1), big]
+        binding.publish_batch(bodies, "q")
+        taken = binding.settle_and_reserve("q", 3)
+        assert [m.stored_size for m in taken] == [None, None, len(big)]
+        binding.settle([taken[0]], [(taken[1], 0.0), (taken[2], 3600.0)])
+        again = binding.settle_and_reserve("q", 3)
+        assert [(m.attempts, bq.decode(m.body)["attempts"]) for m in again] == [(1, 1)]
+        assert bq.decode(again[0].body)["meta"] == bq.decode(bodies[1])["meta"]
+        with binding._read() as conn:
+            rows = conn.execute(sa.text("SELECT attempts, payload, available_at > :soon FROM jobs ORDER BY id"),
+                                {"soon": time.time() + 3000}).all()
+        assert [(attempts, later) for attempts, _, later in rows] == [(1, 0), (1, 1)]
+        assert rows[1][1] == big  # unread: released as stored, its count in the column

@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import re
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -49,6 +50,7 @@ from ..base import (
     check_sizes,
     dead_letter_view,
     parse_body,
+    received_message,
 )
 from . import dead_letters
 from .engine import create_engine, mark_returned, ping_if_idle, sqlite_wal
@@ -75,6 +77,10 @@ _ORDERED_SCAN = "SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off"
 
 #: Sort keys of a reserve's rows, whose last columns are ``available_at`` (ready rows only) and ``id``.
 _BY_AVAILABLE_AT, _BY_ID = itemgetter(-2, -1), itemgetter(-1)
+#: Where a ready-table reserve's row holds the stored size (with a decode limit): before available_at and id.
+_STORED_SIZE = -3
+#: ``_Receipt`` without the NamedTuple's Python-level ``__new__``: one per reserved message.
+_new_receipt = tuple.__new__
 #: The headers of every message of the table: the layout has no column for them (shared, read-only).
 _NO_HEADERS: Mapping[str, Any] = MappingProxyType({})
 
@@ -165,6 +171,14 @@ class SqlConfig:
             f"SqlConfig(url={self.safe_url!r}, table={self.table!r}, visibility_timeout={self.visibility_timeout!r}, "
             f"poll_interval={self.poll_interval!r}, create_tables={self.create_tables!r})"
         )
+
+
+def _driver(conn: Connection) -> sqlite3.Connection:
+    """The SQLite driver's connection under ``conn``: the consumer's per-batch statements run on it."""
+    driver = conn.connection.driver_connection
+    if driver is None:  # invalidated by an earlier error
+        raise sqlite3.InterfaceError("the database connection was invalidated")
+    return driver
 
 
 class _Receipt(NamedTuple):
@@ -294,7 +308,7 @@ class SqlBinding(Binding):
         """Turn driver errors into a :class:`BindingError` that says what to check."""
         try:
             yield
-        except sa.exc.SQLAlchemyError as exc:
+        except (sa.exc.SQLAlchemyError, sqlite3.Error) as exc:  # SQLite's hot statements run on its driver
             from ..redaction import redact_url, scrub, url_secrets
 
             engine = self._engine
@@ -308,7 +322,8 @@ class SqlBinding(Binding):
                 hint = "the queue tables are missing; create them or set create_tables=True"
             elif "locked" in lowered:
                 hint = "another connection held the database lock too long; retry, or use a server database"
-            elif isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError):
+            elif isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError | sqlite3.OperationalError
+                            | sqlite3.InterfaceError):
                 hint = f"cannot reach the database at {db}; check it is running and the URL"
             else:
                 hint = f"check the schema of {self.config.table!r}/{self._failed.name!r} at {db}"
@@ -328,16 +343,26 @@ class SqlBinding(Binding):
                 with engine.begin() as conn:
                     yield conn
                 return
-            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            with engine.connect() as conn:
+                # The transaction is the driver's own: its statements go to the driver, and the driver is put in
+                # autocommit (no implicit BEGIN) for the block, then back. SQLAlchemy's execution path, and its
+                # isolation-level switch and reset at check-in, cost several times statements this small, once
+                # per batch a consumer reserves.
+                driver = _driver(conn)
+                implicit = driver.isolation_level
+                driver.isolation_level = None
                 try:
-                    yield conn
-                except BaseException:
-                    driver = conn.connection.driver_connection  # None once invalidated: nothing to roll back
-                    if driver is not None and driver.in_transaction:  # some errors end it already
-                        conn.exec_driver_sql("ROLLBACK")
-                    raise
-                conn.exec_driver_sql("COMMIT")
+                    driver.execute("BEGIN IMMEDIATE")
+                    try:
+                        yield conn
+                    except BaseException:
+                        current = conn.connection.driver_connection  # None once invalidated: nothing to roll back
+                        if current is not None and current.in_transaction:  # some errors end it already
+                            current.execute("ROLLBACK")
+                        raise
+                    driver.execute("COMMIT")
+                finally:
+                    driver.isolation_level = implicit
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:
@@ -353,11 +378,7 @@ class SqlBinding(Binding):
     def _message(self, row: Any, queue_name: str, dead: bool, receipt: _Receipt | None,
                  source: str | None = None) -> ReceivedMessage:
         if row.payload is None:  # over the decode limit: left in the database, its length read (_ready_columns)
-            size = int(row.stored_size)
-            return ReceivedMessage(
-                body=b"", queue_name=queue_name, envelope=None, attempts=0, receipt=receipt, stored_size=size,
-                decode_error=f"body is {size:,} bytes; not read (over the decode limit of {self.decode_limit:,})",
-            )
+            return self._unread(int(row.stored_size), queue_name, receipt)
         body = bytes(row.payload)
         envelope, error, body_attempts = parse_body(body, self.decode_limit)
         if dead and (envelope is None or "dead_letter" not in envelope):
@@ -371,6 +392,13 @@ class SqlBinding(Binding):
             body=body, queue_name=queue_name, envelope=envelope, decode_error=error, attempts=attempts,
             delivery_count=None, headers={}, receipt=receipt, from_dead_letter=dead,
             dead_letter_source=(source or self._failed.name) if dead else None,
+        )
+
+    def _unread(self, size: int, queue_name: str, receipt: _Receipt | None) -> ReceivedMessage:
+        """A ready row over the decode limit: its body left in the database, only its length read."""
+        return ReceivedMessage(
+            body=b"", queue_name=queue_name, envelope=None, attempts=0, receipt=receipt, stored_size=size,
+            decode_error=f"body is {size:,} bytes; not read (over the decode limit of {self.decode_limit:,})",
         )
 
     def _attempts_column_max(self) -> int:
@@ -468,28 +496,35 @@ class SqlBinding(Binding):
                   "bq_limit": limit}
         if prefix is not None:
             sql, values = prefix[0] + sql, {**values, **prefix[1]}
-        rows = list(conn.exec_driver_sql(sql, tuple(values[name] for name in names) if names else values).all())
-        if rows and self._select_first(conn, dead):
+        params = tuple(values[name] for name in names) if names else values
+        if self._select_first(conn, dead):
+            # SQLite's ready rows: selected in order, then stamped by id, on the driver itself (plain tuples)
+            driver = _driver(conn)
+            rows = driver.execute(sql, params).fetchall()
             ids = [row[-1] for row in rows]
             for start in range(0, len(ids), _BATCH_CHUNK):
                 chunk = ids[start:start + _BATCH_CHUNK]
-                conn.exec_driver_sql(f"UPDATE {self._quoted(table)} SET reserved_at = ? WHERE id IN "
-                                     f"({','.join('?' * len(chunk))})", (token, *chunk))
-        rows.sort(key=_BY_ID if dead else _BY_AVAILABLE_AT)  # RETURNING has no order; the statement ends with these
+                driver.execute(f"UPDATE {self._quoted(table)} SET reserved_at = ? WHERE id IN "
+                               f"({','.join('?' * len(chunk))})", (token, *chunk))
+        else:
+            rows = list(conn.exec_driver_sql(sql, params).all())
+            rows.sort(key=_BY_ID if dead else _BY_AVAILABLE_AT)  # RETURNING has no order; the statement ends so
         if not dead:
-            return [self._ready_message(row, queue_name, _Receipt(row[-1], token)) for row in rows]
+            ready = self._ready_message
+            return [ready(row, queue_name, _new_receipt(_Receipt, (row[-1], token, ""))) for row in rows]
         extra = table.name if table is not self._failed else ""
         return [self._message(row, queue_name, dead, _Receipt(row[-1], token, extra), table.name) for row in rows]
 
     def _ready_message(self, row: Any, queue_name: str, receipt: _Receipt) -> ReceivedMessage:
-        """:meth:`_message` of a reserved ready row (the reserve's columns: payload, attempts, ...): the consumer's
-        path, one per message, so it reads the row by position and builds the message without keywords."""
+        """:meth:`_message` of a reserved ready row (the reserve's columns: payload, ..., stored_size, then
+        available_at and id, see :meth:`_reserve_statement`; a plain tuple on SQLite): the consumer's path, one
+        per message, so it reads the row by position."""
         payload = row[0]
         if payload is None:  # over the decode limit: left in the database (see _message)
-            return self._message(row, queue_name, False, receipt)
+            return self._unread(int(row[_STORED_SIZE]), queue_name, receipt)
         body = payload if payload.__class__ is bytes else bytes(payload)
         envelope, error, attempts = parse_body(body, self.decode_limit)
-        return ReceivedMessage(body, queue_name, envelope, error, attempts, None, _NO_HEADERS, receipt)
+        return received_message(body, queue_name, envelope, error, attempts, _NO_HEADERS, receipt)
 
     def _reserve_statement(self, conn: Connection, table: sa.Table, dead: bool
                            ) -> tuple[str, tuple[str, ...] | None, dict[str, Any]]:
@@ -619,10 +654,15 @@ class SqlBinding(Binding):
     def _by_token(self, messages: Sequence[ReceivedMessage]) -> dict[tuple[sa.Table, float], list[int]]:
         """Row ids grouped by (table, reservation token): a batch reservation shares one token."""
         groups: dict[tuple[sa.Table, float], list[int]] = {}
-        for message in messages:
-            receipt = self._receipt(message)
-            table = self._dead_table(receipt) if message.from_dead_letter else self._ready
-            groups.setdefault((table, receipt.token), []).append(receipt.row_id)
+        ready, last, ids = self._ready, None, []
+        for message in messages:  # once per settled message: a batch's run of one token costs no dict lookup
+            receipt = message.receipt
+            if receipt.__class__ is not _Receipt:
+                self._receipt(message)  # raises, naming the queue
+            key = (self._dead_table(receipt) if message.from_dead_letter else ready, receipt[1])
+            if key != last:
+                last, ids = key, groups.setdefault(key, [])
+            ids.append(receipt[0])
         return groups
 
     def ack_many(self, messages: Sequence[ReceivedMessage]) -> None:
@@ -755,10 +795,10 @@ class SqlBinding(Binding):
             delete = self._cached_text(table, "DELETE FROM {t} WHERE reserved_at = :token AND id IN :ids")
             for start in range(0, len(ids), _BATCH_CHUNK):
                 chunk = ids[start:start + _BATCH_CHUNK]
-                if conn.dialect.name == "sqlite":  # the driver's own statement: no build per batch
+                if conn.dialect.name == "sqlite":  # on the driver itself: no statement build per batch
                     marks = ",".join("?" * len(chunk))
-                    conn.exec_driver_sql(f"DELETE FROM {self._quoted(table)} WHERE reserved_at = ? AND id IN ({marks})",
-                                         (token, *chunk))
+                    _driver(conn).execute(
+                        f"DELETE FROM {self._quoted(table)} WHERE reserved_at = ? AND id IN ({marks})", (token, *chunk))
                 else:
                     conn.execute(delete, {"token": token, "ids": chunk})
         if not releases:
@@ -780,6 +820,15 @@ class SqlBinding(Binding):
                 rows.append({**row, "b_payload": bumped_body(message)})
             else:
                 kept.append(row)
+        if conn.dialect.name == "sqlite":  # on the driver itself, as the acks: no statement build per batch
+            driver, quoted = _driver(conn), self._quoted(t)
+            for with_payload, group in ((True, rows), (False, kept)):
+                if group:
+                    driver.executemany(
+                        f"UPDATE {quoted} SET {'payload = :b_payload, ' if with_payload else ''}"
+                        "attempts = attempts + 1, reserved_at = NULL, available_at = :b_available "
+                        "WHERE id = :b_id AND reserved_at = :b_token", group)
+            return
         held = (t.c.id == sa.bindparam("b_id"), t.c.reserved_at == sa.bindparam("b_token"))
         values = {"attempts": t.c.attempts + 1, "reserved_at": None, "available_at": sa.bindparam("b_available")}
         if rows:
