@@ -485,7 +485,7 @@ class Consumer:
             return "unmatched"
         self.summary.received += 1
         limit_error = body_limit_error(message.body, self.max_body_bytes, self.max_nesting_depth,
-                                       size=message.size)
+                                       size=message.stored_size)  # None: the body was read, its length counts
         if limit_error is not None:
             # Treated as undecodable: the binding stores the bytes as they are instead of decoding and
             # re-encoding the oversized or over-deep body to annotate it.
