@@ -280,7 +280,9 @@ def _refused(text: Column) -> Column:
 
     * one value: ``[text]`` must hold one element and ``[text,{}]`` two. Text after the value breaks the first
       (``{…} x``, ``{…}}``), adds elements to it (``{…},{…}``), or closes it early (``{…}]``: the second then
-      has one). Both parses skip every value (:data:`_SKIP_ALL`), with the body parse's limits;
+      has one). Both parses skip every value (:data:`_SKIP_ALL`), with the body parse's limits. The second is
+      made only for a text holding a ``]``: without one, the ``]`` appended is the only one, so the first parse's
+      array ends where the text does and holds all of it;
     * a lone surrogate, looked for only in a text with a ``\\uD`` escape;
     * a number out of range, looked for (outside strings, literal by literal) only in a text with 19 digits in a
       row or a 3-digit exponent, as the core's own pre-check does.
@@ -293,12 +295,14 @@ def _refused(text: Column) -> Column:
 
 def _one_value(text: Column, options: dict[str, str]) -> Column:
     """Whether the text is one JSON value (an object, or null) and nothing else but whitespace: ``[text]`` holds
-    one element and ``[text,{}]`` two (see :func:`_refused`). ``False`` for no text."""
+    one element and, when the text holds a ``]`` (which could close that array early), ``[text,{}]`` two (see
+    :func:`_refused`). ``False`` for no text."""
     def holds(suffix: str, elements: int) -> Column:
         values = F.from_json(F.concat(F.lit("["), text, F.lit(suffix)), _SKIP_ALL, options)
         return F.coalesce(F.size(values) == elements, F.lit(False))
 
-    return holds("]", 1) & holds(",{}]", 2)
+    # (Spark evaluates AND and OR lazily: the second parse runs only where it can change the answer)
+    return holds("]", 1) & (~text.contains("]") | holds(",{}]", 2))
 
 
 def _variant_text_sql(field: str) -> str:
