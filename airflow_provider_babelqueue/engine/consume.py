@@ -507,18 +507,20 @@ class Consumer:
             # the broker counted more deliveries than the body (check() made attempts an int): the handler sees
             # the reconciled count, on a copy, so the decoded envelope stays what the body holds
             envelope = {**envelope, "attempts": message.attempts}
+        effect = Effect.RUN
         try:
             if self.guard is None:
                 result = handler(envelope)
             else:
                 returned: list[Any] = []  # the guard returns what it did, not what the handler returned
-                if self.guard.process(envelope, lambda env: returned.append(handler(env))) is Effect.SKIP:
-                    self._ack(message)
-                    self.summary.skipped_duplicates += 1
-                    return "skipped_duplicate"
+                effect = self.guard.process(envelope, lambda env: returned.append(handler(env)))
                 result = returned[0] if returned else None
         except Exception as exc:  # noqa: BLE001 - any handler failure is retried or dead-lettered
             return self._failed(message, exc, bq.Reason.FAILED)
+        if effect is Effect.SKIP:  # outside the try: a failed ack is the broker's error, not the handler's
+            self._ack(message)
+            self.summary.skipped_duplicates += 1
+            return "skipped_duplicate"
         acks = self._acks  # the batch's acks inside run(); None: ack now (see _ack)
         if acks is None:
             self.binding.ack(message)
