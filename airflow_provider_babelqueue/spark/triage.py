@@ -188,12 +188,14 @@ def _string(value: Column) -> Column:
     return F.when(F.schema_of_variant(value) == "STRING", F.variant_get(value, "$", "string"))
 
 
+def _one_pass(n: Column, framed: Column) -> Column:
+    """A :data:`_PARSED` struct from a one-pass parse that read the whole body (no corrupt record)."""
+    return F.struct(F.lit(False).alias("poison"), framed.alias("framed"),
+                    *[n[field.name].alias(field.name) for field in _PARSED.fields[2:]])
+
+
 def _parse(text: Column, framed: Column) -> Column:
     """The text parsed as a :data:`_PARSED` struct (see _BODY_SCHEMA for the two ways), ``framed`` in it."""
-    def one_pass(n: Column) -> Column:
-        return F.struct(F.lit(False).alias("poison"), framed.alias("framed"),
-                        *[n[field.name].alias(field.name) for field in _PARSED.fields[2:]])
-
     def two_level(b: Column) -> Column:
         readable = b.isNotNull() & b[_CORRUPT].isNull()
         as_text = F.struct((~readable).alias("poison"), framed.alias("framed"),
@@ -207,11 +209,34 @@ def _parse(text: Column, framed: Column) -> Column:
 
     # (the text is cheap to compute again: the body itself, or a base64 decode for the rare odd body)
     return _bind(F.from_json(text, _NESTED_BODY_SCHEMA, _JSON_OPTIONS), lambda n: F.when(
-        n.isNotNull() & n[_CORRUPT].isNull(), one_pass(n)).otherwise(
+        n.isNotNull() & n[_CORRUPT].isNull(), _one_pass(n, framed)).otherwise(
         _bind(F.from_json(text, _BODY_SCHEMA, _JSON_OPTIONS), two_level)))
 
 
 def _parse_body(text: Column) -> Column:
+    """The body text parsed, as one struct (:data:`_PARSED`), as :func:`_checked_parse` gives it, reading most
+    bodies in one parse: a bare body (no frame marker) is parsed inside ``{"v":[<text>]}``
+    (:data:`_WHOLE_SCHEMA`), which reads its fields and counts its values at once. When that parse reads one
+    object, typed fields and all, the check of one value needs no more for a text without a ``]`` (the array can
+    only close where the text ends) and only the ``[text,{}]`` parse for one with a ``]`` (:func:`_one_value`),
+    and the other refusals are looked for as :func:`_refused` does; the fields are then those of
+    :func:`_checked_parse`'s one-pass parse, which reads the same tokens. Every other body (a frame, a corrupt
+    record: poison or a field of an odd type, anything but one object) goes to :func:`_checked_parse`.
+    """
+    whole = F.when(~text.contains(_FRAME_MARK),
+                   F.from_json(F.concat(F.lit('{"v":['), text, F.lit("]}")), _WHOLE_SCHEMA, _WHOLE_OPTIONS))
+
+    def read(w: Column) -> Column:
+        values = w["v"]
+        one = (w[_CORRUPT].isNull() & (F.size(values) == 1) & values[0].isNotNull()
+               & (~text.contains("]") | _holds(text, ",{}]", 2, _WRAPPED_OPTIONS)) & ~_refused_value(text))
+        return F.when(F.coalesce(one, F.lit(False)), _one_pass(values[0], F.lit(False))).otherwise(
+            _checked_parse(text))
+
+    return _bind(whole, read)
+
+
+def _checked_parse(text: Column) -> Column:
     """The body text parsed, as one struct (:data:`_PARSED`): ``poison`` (not a JSON object, or no text),
     ``framed``, the top-level fields as text, and ``meta`` and ``dead_letter`` as structs of text fields. A header
     frame gives its inner envelope's fields; one that core.frames would not open gives no text, so poison.
@@ -247,12 +272,22 @@ _SKIP_ALL = T.ArrayType(T.StructType([]))
 #: One level more than a body may have: the brackets around it.
 _WRAPPED_OPTIONS = {**_JSON_OPTIONS, "maxNestingDepth": str(_CORE_DEPTH + 1)}
 del _WRAPPED_OPTIONS["columnNameOfCorruptRecord"]
+#: A bare body inside ``{"v":[<text>]}``: its one-pass fields, and the number of values the text holds. A failure
+#: anywhere (a field of an odd type included) gives a corrupt record, which the root object alone can hold.
+_WHOLE_SCHEMA = T.StructType([
+    T.StructField("v", T.ArrayType(T.StructType([f for f in _NESTED_BODY_SCHEMA.fields if f.name != _CORRUPT]))),
+    T.StructField(_CORRUPT, T.StringType())])
+#: Two levels more than a body may have: the object and the array around it.
+_WHOLE_OPTIONS = {**_JSON_OPTIONS, "maxNestingDepth": str(_CORE_DEPTH + 2)}
 _HIGH, _LOW = r"\\u[dD][89abAB][0-9a-fA-F]{2}", r"\\u[dD][c-fC-F][0-9a-fA-F]{2}"
 #: A ``\u`` escape of a high surrogate not followed by a low one, or of a low one not after a high one (with every
 #: escaped backslash already replaced by another character, so each backslash left starts an escape).
 _LONE_SURROGATE = f"{_HIGH}(?!{_LOW})|(?<!{_HIGH}){_LOW}"
-#: What a number beyond a long or a double needs: 19 digits in a row, or an exponent of 3 digits or more.
-_WIDE_NUMBER = r"[0-9]{19}|[0-9][eE]\+?[0-9]{3}"
+#: What a number literal beyond a long or a double needs, where JSON puts one (after ``:``, ``,`` or ``[`` and
+#: whitespace): an integer part of 19 digits or more, or an exponent of 3 digits or more that is not negative. A
+#: literal's own place keeps the ids out: a hex id's ``5e123`` or a 19-digit card number in a string are not after
+#: a ``:`` (a string that holds ``: 1e400`` still matches; the exact test then reads it as text).
+_WIDE_LITERAL = r"[:,\[][ \t\r\n]*-?[0-9](?:[0-9]{18}|[0-9]*(?:\.[0-9]+)?[eE]\+?[0-9]{3})"
 #: A JSON number (as core.integers finds them: not part of another); an integer when it has no ``.``/``e``.
 _NUMBER_LITERAL = r"(?<![0-9.eE+\-])-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
 
@@ -284,25 +319,33 @@ def _refused(text: Column) -> Column:
       made only for a text holding a ``]``: without one, the ``]`` appended is the only one, so the first parse's
       array ends where the text does and holds all of it;
     * a lone surrogate, looked for only in a text with a ``\\uD`` escape;
-    * a number out of range, looked for (outside strings, literal by literal) only in a text with 19 digits in a
-      row or a 3-digit exponent, as the core's own pre-check does.
+    * a number out of range, looked for (outside strings, literal by literal) only in a text where
+      :data:`_WIDE_LITERAL` finds a candidate: one scan of the text, which a body of hex ids passes.
     """
+    return ~_one_value(text, _WRAPPED_OPTIONS) | _refused_value(text)
+
+
+def _refused_value(text: Column) -> Column:
+    """Whether a text that is one JSON value holds a lone surrogate escape or a number out of range (see
+    :func:`_refused`)."""
     escapes = text.contains("\\ud") | text.contains("\\uD")
     lone = F.replace(text, F.lit("\\\\"), F.lit("_")).rlike(_LONE_SURROGATE)
     wide = F.exists(F.regexp_extract_all(_outside_strings(text), F.lit(_NUMBER_LITERAL), 0), _out_of_range)
-    return ~_one_value(text, _WRAPPED_OPTIONS) | (escapes & lone) | (text.rlike(_WIDE_NUMBER) & wide)
+    return (escapes & lone) | (text.rlike(_WIDE_LITERAL) & wide)
+
+
+def _holds(text: Column, suffix: str, elements: int, options: dict[str, str]) -> Column:
+    """Whether ``[<text><suffix>`` parses (skipping every value) as an array of ``elements`` elements."""
+    values = F.from_json(F.concat(F.lit("["), text, F.lit(suffix)), _SKIP_ALL, options)
+    return F.coalesce(F.size(values) == elements, F.lit(False))
 
 
 def _one_value(text: Column, options: dict[str, str]) -> Column:
     """Whether the text is one JSON value (an object, or null) and nothing else but whitespace: ``[text]`` holds
     one element and, when the text holds a ``]`` (which could close that array early), ``[text,{}]`` two (see
     :func:`_refused`). ``False`` for no text."""
-    def holds(suffix: str, elements: int) -> Column:
-        values = F.from_json(F.concat(F.lit("["), text, F.lit(suffix)), _SKIP_ALL, options)
-        return F.coalesce(F.size(values) == elements, F.lit(False))
-
     # (Spark evaluates AND and OR lazily: the second parse runs only where it can change the answer)
-    return holds("]", 1) & (~text.contains("]") | holds(",{}]", 2))
+    return _holds(text, "]", 1, options) & (~text.contains("]") | _holds(text, ",{}]", 2, options))
 
 
 def _variant_text_sql(field: str) -> str:

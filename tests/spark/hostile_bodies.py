@@ -67,6 +67,12 @@ BODIES: list[tuple[str, bytes]] = [
     ("1e-400", envelope(data='{"x":1e-400}')),
     ("long-fraction", envelope(data='{"x":0.' + "0" * 1500 + "1}")),
     ("1e400-in-string", envelope(data='{"x":"1e400"}')),
+    # where a number literal stands: after whitespace, and text in a string that looks like one
+    ("1e400-after-whitespace", envelope(data='{"x": \n\t1e400}')),
+    ("2^64-after-whitespace-in-array", envelope(data=f'{{"n":[ 1,\r\n {2**64}]}}')),
+    ("1e400-after-colon-in-string", envelope(data='{"x":"limit: 1e400"}')),
+    ("2^64-after-colon-in-string", envelope(error=f'"card: {2**64}"')),
+    ("hex-id-exponent-look", envelope(data='{"ref":"0b7e5e123a4a"}')),
     # text
     ("invalid-utf8", envelope().replace(b'"timeout"', b'"time\xff\xfeout"')),
     ("lone-high-surrogate", envelope(error='"\\ud800"')),
@@ -103,6 +109,8 @@ BODIES: list[tuple[str, bytes]] = [
     ("trailing-comma", envelope(tail=",")),
     ("trailing-object", envelope(tail=' {"job":"x"}')),
     ("trailing-comma-object-bracket", envelope(tail=',{"a":1}]')),
+    # closes an array around the body early, then carries on as JSON an object around it would take
+    ("trailing-bracket-then-key", envelope(tail='],"w":[1')),
     ("trailing-nul", envelope(tail="\x00")),
     ("truncated", envelope()[:-1]),
     ("long-key", envelope(data='{"' + "k" * 60_000 + '":1}')),
