@@ -288,6 +288,10 @@ _LONE_SURROGATE = f"{_HIGH}(?!{_LOW})|(?<!{_HIGH}){_LOW}"
 #: literal's own place keeps the ids out: a hex id's ``5e123`` or a 19-digit card number in a string are not after
 #: a ``:`` (a string that holds ``: 1e400`` still matches; the exact test then reads it as text).
 _WIDE_LITERAL = r"[:,\[][ \t\r\n]*-?[0-9](?:[0-9]{18}|[0-9]*(?:\.[0-9]+)?[eE]\+?[0-9]{3})"
+#: Either need in one scan, for the text that has neither (nearly every body): a ``\uD`` escape, or
+#: :data:`_WIDE_LITERAL`'s start. It matches a little more (``:ud``, a backslash before digits); the exact tests
+#: then decide.
+_VALUE_CANDIDATE = r"[:,\[\\](?:u[dD]|[ \t\r\n]*-?[0-9](?:[0-9]{18}|[0-9]*(?:\.[0-9]+)?[eE]\+?[0-9]{3}))"
 #: A JSON number (as core.integers finds them: not part of another); an integer when it has no ``.``/``e``.
 _NUMBER_LITERAL = r"(?<![0-9.eE+\-])-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
 
@@ -320,7 +324,9 @@ def _refused(text: Column) -> Column:
       array ends where the text does and holds all of it;
     * a lone surrogate, looked for only in a text with a ``\\uD`` escape;
     * a number out of range, looked for (outside strings, literal by literal) only in a text where
-      :data:`_WIDE_LITERAL` finds a candidate: one scan of the text, which a body of hex ids passes.
+      :data:`_WIDE_LITERAL` finds a candidate (a body of hex ids passes).
+
+    One scan (:data:`_VALUE_CANDIDATE`) clears nearly every text of the last two at once.
     """
     return ~_one_value(text, _WRAPPED_OPTIONS) | _refused_value(text)
 
@@ -331,7 +337,7 @@ def _refused_value(text: Column) -> Column:
     escapes = text.contains("\\ud") | text.contains("\\uD")
     lone = F.replace(text, F.lit("\\\\"), F.lit("_")).rlike(_LONE_SURROGATE)
     wide = F.exists(F.regexp_extract_all(_outside_strings(text), F.lit(_NUMBER_LITERAL), 0), _out_of_range)
-    return (escapes & lone) | (text.rlike(_WIDE_LITERAL) & wide)
+    return text.rlike(_VALUE_CANDIDATE) & ((escapes & lone) | (text.rlike(_WIDE_LITERAL) & wide))
 
 
 def _holds(text: Column, suffix: str, elements: int, options: dict[str, str]) -> Column:
