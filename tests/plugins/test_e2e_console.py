@@ -252,6 +252,9 @@ def test_an_operator_filters_opens_replays_once_and_discards_with_archive_in_the
                                 "document.getElementById('status').textContent")
             archive = Path(said.split(" in ", 1)[1].split(";", 1)[0])
             assert said.endswith("removed 1") and archive.is_relative_to(tmp_path / "runs")
+            # the status speaks once the rows show the queue as it is now: one failed row fewer, none checked
+            assert browser.run("[document.querySelectorAll('#entries tr.entry').length, "
+                               "document.querySelectorAll('#entries input:checked').length]") == [3, 0]
             assert [record_body(json.loads(line)) for line in archive.read_bytes().splitlines()] == [stored[2]]
             assert binding.browse_dead_letter_bytes(queue, 0, 6) == [stored[i] for i in (0, 1, 3, 4, 5)]
             actions = browser.wait("document.querySelectorAll('#actions tr').length >= 4 && "

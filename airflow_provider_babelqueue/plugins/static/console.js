@@ -190,7 +190,8 @@ function selection() {
   return Object.assign(where(), { filter: filters(), background: true });
 }
 
-async function act(path, body, describe) {
+async function act(path, body, describe, refresh) {
+  // refresh, when given, redraws what the action changed before the status says it is done
   try {
     const answer = await call(`${API}/actions/${path}`, {
       method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
@@ -200,8 +201,9 @@ async function act(path, body, describe) {
       await loadJobs();
       return null;
     }
-    say(describe(answer));
+    if (refresh) await refresh();
     await loadActions();
+    say(describe(answer));
     return answer;
   } catch (error) {
     say(String(error.message || error), true);
@@ -287,12 +289,9 @@ function wire() {
     const body = selection();
     const what = body.filter ? "every dead letter matching the filters (as a background job)" : "the selected dead letters";
     if (!window.confirm(`Archive ${what} as drain records, then remove them from the queue?`)) return;
-    const describe = (a) => `archived ${a.archived} in ${a.archive}; removed ${a.discarded}`;
-    const answer = await act("discard", body, describe);
-    if (answer) {
-      await loadPage(state.start);  // the rows moved up: show the queue as it is now, then say what was done
-      say(describe(answer));
-    }
+    // the rows moved up: the queue is shown as it is now before the status says what was done
+    await act("discard", body, (a) => `archived ${a.archived} in ${a.archive}; removed ${a.discarded}`,
+      () => loadPage(state.start));
   });
 }
 
