@@ -7,33 +7,24 @@ are printed, never asserted (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 import sqlalchemy as sa
 
+from tests.benchmark_modules import load_benchmark
 from tests.bindings.conftest import POSTGRES_URL, REDIS_HOST, REDIS_PORT
 
 pytestmark = pytest.mark.timeout(180)
 
-ROOT = Path(__file__).resolve().parents[1]
 BROKERS = ("sqlite", "redis", "postgresql")
 N = 2000
 
 
 def _bench() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_console_browse",
-                                                  ROOT / "benchmarks" / "bench_console_browse.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_console_browse", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_console_browse")
 
 
 def _leftovers() -> tuple[set[bytes], set[str]]:

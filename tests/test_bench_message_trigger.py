@@ -6,22 +6,13 @@ broker afterwards. The rates are printed, never asserted (docs/benchmarks.md).""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.benchmark_modules import load_benchmark
 
 
 def _bench() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_message_trigger",
-                                                  ROOT / "benchmarks" / "bench_message_trigger.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_message_trigger", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_message_trigger")
 
 
 def test_every_message_makes_an_event_and_the_queue_ends_empty() -> None:

@@ -20,14 +20,13 @@ the server). docs/benchmarks.md has the 100 MB figures and where the memory goes
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmark_modules import load_benchmark
+
 BODY_BYTES = 40_000_000
 BOUNDS = {"redis": 2.0, "sqlite": 2.5, "postgresql": 0.5}  # peak - baseline <= bound x body
 
@@ -35,12 +34,7 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reas
 
 
 def _bench() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_body_limit", ROOT / "benchmarks" / "bench_body_limit.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_body_limit", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_body_limit")
 
 
 @pytest.mark.parametrize("kind", ["redis", "sqlite", "postgresql"])
