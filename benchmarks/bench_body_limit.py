@@ -172,8 +172,8 @@ def instrument(kind: str) -> Stages:
         stages.wrap(rb.RedisBinding, "_free_reply_buffer", "RedisBinding._free_reply_buffer (PING)")
         stages.wrap(rb.RedisBinding, "_parsed", "RedisBinding._parsed (parse_body, frame_headers)")
         stages.wrap(rb.RedisBinding, "dead_letter", "RedisBinding.dead_letter")
-        stages.wrap(rb, "dead_letter_body", "base.dead_letter_body")
-        stages.wrap(rb, "dead_letter_parts", "base.dead_letter_parts (the wrapper's length)")
+        stages.wrap(rb, "dead_letter_body", "bodies.dead_letter_body")
+        stages.wrap(rb, "dead_letter_parts", "bodies.dead_letter_parts (the wrapper's length)")
         stages.wrap(base, "wrap_raw", "peer.wrap_raw")
         stages.wrap(rb.RedisBinding, "_settle", "RedisBinding._settle (the settle script)")
         stages.wrap(rb.RedisBinding, "_run", "RedisBinding._run (a large command in parts)")
@@ -197,7 +197,7 @@ def instrument(kind: str) -> Stages:
         stages.wrap(sqlalchemy.engine.result.Result, "all", "SQLAlchemy Result.all (fetch + row processing)")
         stages.wrap(sb.SqlBinding, "_message", "SqlBinding._message (bytes(row.payload), parse_body)")
         stages.wrap(sb.SqlBinding, "dead_letter", "SqlBinding.dead_letter")
-        stages.wrap(sb, "annotated_body", "base.annotated_body")
+        stages.wrap(sb, "annotated_body", "bodies.annotated_body")
         stages.wrap(sb.SqlBinding, "_move_unread", "SqlBinding._move_unread (INSERT ... SELECT, DELETE)")
     del peer
     return stages

@@ -80,7 +80,8 @@ import sqlalchemy as sa
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import describe  # noqa: E402
 
-from airflow_provider_babelqueue.bindings.base import Binding, dead_letter_view  # noqa: E402
+from airflow_provider_babelqueue.bindings.base import Binding
+from airflow_provider_babelqueue.bindings.bodies import dead_letter_view
 from airflow_provider_babelqueue.bindings.redis import RedisBinding, RedisConfig  # noqa: E402
 from airflow_provider_babelqueue.bindings.sql import SqlBinding, SqlConfig, sqlite_url  # noqa: E402
 from airflow_provider_babelqueue.core import envelope as bq  # noqa: E402

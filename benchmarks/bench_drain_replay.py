@@ -45,7 +45,8 @@ import orjson
 import redis
 
 from airflow_provider_babelqueue import envelope as bq
-from airflow_provider_babelqueue.bindings.base import Binding, ReceivedMessage, parse_body
+from airflow_provider_babelqueue.bindings.base import Binding
+from airflow_provider_babelqueue.bindings.message import ReceivedMessage, parse_body
 from airflow_provider_babelqueue.bindings.redis import RedisBinding, RedisConfig
 from airflow_provider_babelqueue.core.frames import open_body
 from airflow_provider_babelqueue.engine.drain import DrainSource, LocalFileSink, drain_dead_letters

@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 import pytest
 
-from airflow_provider_babelqueue.bindings.base import ReceivedMessage
 from airflow_provider_babelqueue.bindings.memory import MemoryBinding
+from airflow_provider_babelqueue.bindings.message import ReceivedMessage
 from airflow_provider_babelqueue.core import envelope as bq
 from airflow_provider_babelqueue.core.idempotency import InMemorySeenStore
 from airflow_provider_babelqueue.engine.consume import Backoff, Consumer

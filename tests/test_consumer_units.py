@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 from airflow_provider_babelqueue import envelope as bq
-from airflow_provider_babelqueue.bindings.base import ReceivedMessage
 from airflow_provider_babelqueue.bindings.memory import MemoryBinding
+from airflow_provider_babelqueue.bindings.message import ReceivedMessage
 from airflow_provider_babelqueue.engine.consume import Backoff, Consumer, exception_name
 
 URN = "urn:babel:orders:created"

@@ -329,7 +329,7 @@ def test_decode_refuses_integers_beyond_64_bit_with_or_without_exact() -> None:
 
 def test_annotate_dead_letter_leaves_the_top_level_attempts_to_the_caller() -> None:
     """As the Python SDK's ``annotate``: only the block is added; a worker sets the top-level count itself
-    (``bindings.base.dead_letter_body`` writes the block's count there, 3 and 3 after three failed runs)."""
+    (``bindings.bodies.dead_letter_body`` writes the block's count there, 3 and 3 after three failed runs)."""
     env = order()
     env["attempts"] = 2
     dead = bq.annotate_dead_letter(env, "failed", original_queue="orders", attempts=3, failed_at=1749132730000)

@@ -17,15 +17,10 @@ import orjson
 import pytest
 
 from airflow_provider_babelqueue import envelope as bq
-from airflow_provider_babelqueue.bindings.base import (
-    ReceivedMessage,
-    bumped_body,
-    dead_letter_body,
-    frame_headers,
-    parse_body,
-)
+from airflow_provider_babelqueue.bindings.bodies import bumped_body, dead_letter_body
 from airflow_provider_babelqueue.bindings.memory import MemoryBinding
-from airflow_provider_babelqueue.core.frames import FrameError, encode_frame, open_body
+from airflow_provider_babelqueue.bindings.message import ReceivedMessage, parse_body
+from airflow_provider_babelqueue.core.frames import FrameError, encode_frame, frame_headers, open_body
 from airflow_provider_babelqueue.core.peer import poison_wrapper
 from airflow_provider_babelqueue.core.records import RecordTemplate, drain_record
 from airflow_provider_babelqueue.engine.checks import dead_letter_status

@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_babelqueue import envelope as bq
-from airflow_provider_babelqueue.bindings.base import parse_body
 from airflow_provider_babelqueue.bindings.memory import MemoryBinding
+from airflow_provider_babelqueue.bindings.message import parse_body
 from airflow_provider_babelqueue.core.errors import EnvelopeDecodeError
 from airflow_provider_babelqueue.core.integers import (
     INT64_MAX,

@@ -17,8 +17,9 @@ import orjson
 import pytest
 
 from airflow_provider_babelqueue import envelope as bq
-from airflow_provider_babelqueue.bindings.base import ReceivedMessage, dead_letter_body, parse_body
+from airflow_provider_babelqueue.bindings.bodies import dead_letter_body
 from airflow_provider_babelqueue.bindings.memory import MemoryBinding
+from airflow_provider_babelqueue.bindings.message import ReceivedMessage, parse_body
 from airflow_provider_babelqueue.core.peer import PoisonWrapper, poison_wrapper
 from airflow_provider_babelqueue.engine.checks import dead_letter_status
 from airflow_provider_babelqueue.engine.consume import Backoff, Consumer

@@ -5,14 +5,8 @@ Bindings never import Airflow; broker clients are imported lazily by each module
 
 from __future__ import annotations
 
-from .base import (
-    Binding,
-    BindingError,
-    MissingExtraError,
-    NotSupportedError,
-    PublishBatchError,
-    ReceivedMessage,
-)
+from .base import Binding, BindingError, MissingExtraError, NotSupportedError, PublishBatchError
+from .message import ReceivedMessage
 
 __all__ = [
     "Binding",

@@ -1,4 +1,4 @@
-"""The binding protocol: what every broker binding does, and the pure helpers they share.
+"""The binding protocol: what every broker binding does, and its typed optional capabilities.
 
 A binding moves encoded envelopes (bytes) in and out of one broker. It never imports Airflow. It takes a
 typed frozen config and an optional injected client (the test seam), and imports its broker client lazily
@@ -21,28 +21,24 @@ Semantics every binding honours (the contract suite in ``tests/bindings`` checks
   that implements only the single-message methods keeps working); bindings override them to save round
   trips. Every member of a batch is its own reservation: it is settled, gated and returned after the
   visibility timeout on its own.
+
+The message a binding hands out is :class:`~.message.ReceivedMessage`; the bodies it writes back on a release or
+a dead letter come from :mod:`.bodies`, so every broker writes the same forms.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..core import envelope as bq
 from ..core.errors import (
     BindingError,
-    EnvelopeDecodeError,
-    EnvelopeEncodeError,
-    InvalidEnvelopeError,
     MissingExtraError,
     NotSupportedError,
     PublishBatchError,
 )
-from ..core.frames import FRAME_KEY, encode_frame, frame_headers, open_body, open_decoded
-from ..core.integers import INT64_MAX
-from ..core.peer import WrapperParts, wrap_raw, wrap_raw_parts
+from .message import ReceivedMessage
 
 if TYPE_CHECKING:
     from ..core.idempotency import SeenStore
@@ -55,20 +51,8 @@ __all__ = [
     "NotSupportedError",
     "PipelinedBatch",
     "PublishBatchError",
-    "ReceivedMessage",
-    "annotated_body",
-    "bumped_body",
     "check_sizes",
-    "dead_letter_body",
-    "dead_letter_parts",
-    "dead_letter_view",
-    "frame_headers",
-    "parse_body",
-    "received_message",
-    "redact_url",
     "require_extra",
-    "scrub_url_password",
-    "url_password",
 ]
 
 
@@ -82,145 +66,6 @@ def require_extra(module: str, extra: str) -> Any:
         raise MissingExtraError(
             f"{module} is not installed; install it with: pip install 'airflow-provider-babelqueue[{extra}]'"
         ) from exc
-
-
-@dataclass(frozen=True, slots=True)
-class ReceivedMessage:
-    """One delivery.
-
-    :ivar body: the raw bytes exactly as stored; forward these, never a re-encoding.
-    :ivar queue_name: the logical queue it was reserved from (for a DLQ read, the queue whose DLQ it is).
-    :ivar envelope: the decoded envelope, or ``None`` when the body is not decodable.
-    :ivar decode_error: why the body is not decodable (then it is poison), else ``None``.
-    :ivar attempts: the reconciled delivery count (body ``attempts`` and the broker's native count).
-    :ivar delivery_count: the broker's native delivery count, where it has one.
-    :ivar headers: broker headers / properties (empty where the broker carries none).
-    :ivar receipt: the binding's handle for ack/release/dead_letter; opaque to callers.
-    :ivar from_dead_letter: whether it was read from the dead-letter queue.
-    :ivar dead_letter_source: for a dead-letter read, the dead-letter queue (key, queue, table) it came from,
-        one of the binding's ``dead_letter_sources``; ``None`` where the binding does not say.
-    :ivar stored_size: the stored body's length in bytes when the binding did not read the body (``body`` is then
-        empty, ``envelope`` ``None``), else ``None``. Only a body over :attr:`Binding.decode_limit`, reserved
-        from a queue (never a dead-letter read), on a binding that can dead-letter it without holding it: the
-        SQL table copies the row inside the database, so a refused body never crosses the wire. ``ack``,
-        ``release`` and ``dead_letter`` keep the stored bytes exactly; never forward ``body``.
-    """
-
-    body: bytes
-    queue_name: str
-    envelope: dict[str, Any] | None
-    decode_error: str | None
-    attempts: int
-    delivery_count: int | None = None
-    headers: Mapping[str, Any] = field(default_factory=dict)
-    receipt: Any = None
-    from_dead_letter: bool = False
-    dead_letter_source: str | None = None
-    stored_size: int | None = None
-
-    @property
-    def size(self) -> int:
-        """The stored body's length in bytes, whether the binding read it or not (see :attr:`stored_size`)."""
-        return len(self.body) if self.stored_size is None else self.stored_size
-
-    @property
-    def meta_id(self) -> str:
-        return bq.meta_id_of(self.envelope) if self.envelope is not None else ""
-
-    @property
-    def urn(self) -> str:
-        return bq.urn_of(self.envelope) if self.envelope is not None else ""
-
-
-def _slot_setter(name: str) -> Callable[[Any, Any], None]:
-    return getattr(ReceivedMessage, name).__set__  # type: ignore[no-any-return]
-
-
-_SET_BODY, _SET_QUEUE, _SET_ENVELOPE, _SET_ERROR, _SET_ATTEMPTS, _SET_DELIVERIES, _SET_HEADERS, _SET_RECEIPT, \
-    _SET_FROM_DLQ, _SET_SOURCE, _SET_STORED = map(_slot_setter, (
-        "body", "queue_name", "envelope", "decode_error", "attempts", "delivery_count", "headers", "receipt",
-        "from_dead_letter", "dead_letter_source", "stored_size"))
-
-
-def received_message(body: bytes, queue_name: str, envelope: dict[str, Any] | None, decode_error: str | None,
-                     attempts: int, headers: Mapping[str, Any], receipt: Any,
-                     delivery_count: int | None = None) -> ReceivedMessage:
-    """A :class:`ReceivedMessage` of a queue (not a dead-letter read, its body read), built for a reserve's hot
-    path: the same frozen object as ``ReceivedMessage(...)``, for about half the cost. A frozen dataclass's
-    ``__init__`` sets each of its eleven fields through ``object.__setattr__``; this sets them through the
-    slots' own descriptors, once per message of every batch a consumer reserves.
-
-    :param headers: passed, not defaulted: a binding without headers passes one shared empty mapping rather
-        than a new dict per message.
-    """
-    message = _NEW(ReceivedMessage)
-    _SET_BODY(message, body)
-    _SET_QUEUE(message, queue_name)
-    _SET_ENVELOPE(message, envelope)
-    _SET_ERROR(message, decode_error)
-    _SET_ATTEMPTS(message, attempts)
-    _SET_DELIVERIES(message, delivery_count)
-    _SET_HEADERS(message, headers)
-    _SET_RECEIPT(message, receipt)
-    _SET_FROM_DLQ(message, False)
-    _SET_SOURCE(message, None)
-    _SET_STORED(message, None)
-    return message
-
-
-_NEW = object.__new__
-
-
-def parse_body(body: bytes, max_bytes: int | None = None) -> tuple[dict[str, Any] | None, str | None, int]:
-    """``(envelope, decode_error, body_attempts)`` for a raw body; attempts is 0 when unusable.
-
-    A framed body (Node's Redis adapter, the Python SDK 1.24: ``{"__bq_frame":1,"headers":{…},"body":"…"}``)
-    gives its inner envelope and that envelope's attempts; a malformed frame and a body holding an integer
-    outside signed 64-bit are undecodable (poison), with the reason in ``decode_error``. The stored bytes are
-    the caller's to keep: ``ReceivedMessage.body`` stays exactly what the broker holds (acks match on it).
-
-    :param max_bytes: a longer body is not decoded at all (undecodable, the sizes in ``decode_error``): decoding
-        costs several times a body's size in objects, and a consumer refuses such a body unread anyway
-        (:attr:`Binding.decode_limit`).
-    """
-    if max_bytes is not None and len(body) > max_bytes:
-        return None, f"body is {len(body):,} bytes; not decoded (over the decode limit of {max_bytes:,})", 0
-    try:
-        env = bq.decode(body)
-        if FRAME_KEY in env:
-            env = open_decoded(env)[0]
-    except EnvelopeDecodeError as exc:
-        return None, str(exc), 0
-    attempts = env.get("attempts")
-    if attempts is None and "raw" in env and isinstance(block := env.get("dead_letter"), dict):
-        attempts = block.get("attempts")  # a poison wrapper (core.peer): the count its consumer kept
-    return env, None, attempts if attempts.__class__ is int and attempts >= 0 else 0
-
-
-def url_password(url: str | None) -> str | None:
-    """The password in a URL's userinfo, percent-decoded, or ``None`` (no URL, no password, unparsable).
-
-    Kept for the code that imports it from here; the rule lives in :mod:`.redaction`."""
-    from . import redaction
-
-    return redaction.url_password(url)
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its userinfo password and secret query parameters (``?password=``, ``?token=``, ``?sig=``…)
-    replaced by ``***``, for messages: an endpoint URL may carry credentials that no log masker knows about. A
-    connection string (``Key=Value;``) gets its secret segments hidden. See :func:`.redaction.redact`."""
-    from . import redaction
-
-    return redaction.redact(url)
-
-
-def scrub_url_password(text: str, url: str | None) -> str:
-    """``text`` with every secret of ``url`` (userinfo password, secret query parameters, a connection string's
-    keys), as written and decoded, replaced by ``***``. See :func:`.redaction.url_secrets`."""
-    from . import redaction
-
-    return redaction.scrub(text, redaction.url_secrets(url))
 
 
 def check_sizes(bodies: Sequence[bytes], limit: int | None, where: str, why: str = "") -> None:
@@ -242,130 +87,6 @@ def check_sizes(bodies: Sequence[bytes], limit: int | None, where: str, why: str
             f"the largest is {largest:,} bytes (indexes {too_big[:10]}); nothing was sent",
             range(len(bodies)),
         )
-
-
-def bumped_body(message: ReceivedMessage) -> bytes:
-    """The body to re-deliver on a release: ``attempts`` = reconciled attempts + 1.
-
-    A framed message stays framed, with the same headers and its inner envelope's ``attempts`` bumped, so the
-    peer that framed it still finds its headers on the retry. An undecodable body, or one that cannot be
-    re-encoded, goes back unchanged (bytes are never lost).
-    """
-    if message.envelope is None:
-        return message.body
-    try:
-        env, frame = open_body(message.body)
-        env["attempts"] = message.attempts + 1
-        body = bq.encode(env)
-        return body if frame is None else encode_frame(body, frame.headers)
-    except (EnvelopeDecodeError, EnvelopeEncodeError, TypeError, ValueError):
-        return message.body
-
-
-def _with_attempts(env: dict[str, Any], attempts: int) -> dict[str, Any]:
-    """``env`` with its top-level ``attempts`` set to the dead letter's (the block's), the spec's "3 and 3"; a value
-    that is not a non-negative integer is kept as it is: the evidence of an ``invalid_attempts`` quarantine."""
-    current = env.get("attempts")
-    if current.__class__ is int and current >= 0:
-        env["attempts"] = attempts
-    return env
-
-
-def annotated_body(
-    message: ReceivedMessage, reason: str, *, error: str | None = None, exception: str | None = None
-) -> bytes | None:
-    """The envelope with its ``dead_letter`` block, encoded; ``None`` when the body cannot be annotated (it is
-    not an envelope, it was refused by a consumer limit, or it cannot be re-encoded).
-
-    Its top-level ``attempts`` equals the block's: ``message.attempts``, which the consumer sets to the attempts
-    used up (3 and 3 after three failed runs with ``max_attempts=3``, as in spec/dead-letters.md and the Python
-    SDK). A top-level ``attempts`` that is not a non-negative integer is kept as it is: the evidence of an
-    ``invalid_attempts`` quarantine. A framed message gives its bare annotated envelope, never an annotated
-    frame: every SDK's DLQ reader (and replay) then sees an envelope. Lone surrogates in the texts become U+FFFD
-    (:func:`~...core.envelope.storable_text`), so no error text can make the annotation fail.
-    """
-    if message.envelope is None:
-        return None
-    try:
-        env = _with_attempts(open_body(message.body)[0], message.attempts)
-        annotated = bq.annotate_dead_letter(
-            env,
-            reason,
-            original_queue=message.queue_name,
-            attempts=message.attempts,
-            error=bq.storable_text(error),
-            exception=bq.storable_text(exception),
-        )
-        return bq.encode(annotated)
-    except (EnvelopeDecodeError, EnvelopeEncodeError, InvalidEnvelopeError):
-        return None
-
-
-def dead_letter_body(
-    message: ReceivedMessage, reason: str, *, error: str | None = None, exception: str | None = None
-) -> bytes:
-    """The body to store in a DLQ that holds only bodies: :func:`annotated_body`, or when the message cannot be
-    annotated, the poison wrapper of its exact bytes (:func:`~...core.peer.wrap_raw`, the Python SDK's form)
-    with the reason, the error and the queue it was quarantined from. Nothing depends on what such a body
-    claims about itself: readers take the reason and the route from the wrapper's block, and a replay never
-    republishes it. Bindings with columns or native fields for the reason (the SQL table, Service Bus's own
-    dead-letter queue) store the bytes bare instead and keep the reason there.
-    """
-    annotated = annotated_body(message, reason, error=error, exception=exception)
-    if annotated is not None:
-        return annotated
-    return dead_letter_view(message.body, None, str(reason), original_queue=message.queue_name,
-                            attempts=message.attempts, error=error, exception=exception)
-
-
-def dead_letter_parts(
-    message: ReceivedMessage, reason: str, *, error: str | None = None, exception: str | None = None
-) -> WrapperParts:
-    """What :func:`dead_letter_body` stores for a message without an envelope (the poison wrapper of its exact
-    bytes), as :class:`~...core.peer.WrapperParts`: the same bytes, as their length and their parts, so a binding
-    can send the dead letter of a large body in pieces instead of holding it whole beside the body (Redis).
-    """
-    return wrap_raw_parts(message.body, str(reason), original_queue=message.queue_name,
-                          attempts=min(max(message.attempts, 0), INT64_MAX), error=bq.storable_text(error),
-                          exception=bq.storable_text(exception))
-
-
-def dead_letter_view(
-    body: bytes,
-    envelope: Mapping[str, Any] | None,
-    reason: str,
-    *,
-    original_queue: str,
-    attempts: int,
-    error: str | None = None,
-    exception: str | None = None,
-    failed_at: int | None = None,
-) -> bytes:
-    """How a dead letter stored bare, with its reason kept beside it (the SQL table's columns, Service Bus's
-    DeadLetterReason), is handed to readers: in the form the other DLQs hold, so every reader (drains, replay,
-    sensors, Spark triage) finds the reason, the error and the queue it was quarantined from in the body.
-
-    A body that already has a ``dead_letter`` block is returned byte for byte; an envelope gets the block from
-    the stored fields; anything else (an envelope stored as ``poison``, refused by a consumer limit; one that
-    cannot be re-encoded; bytes that are no envelope) becomes the poison wrapper of its exact bytes
-    (:func:`~...core.peer.wrap_raw`). A replay skips both poison forms, so what a refused body claims (its own
-    ``meta.queue``) is never followed.
-
-    :param envelope: ``body`` decoded (``parse_body``), or ``None`` when it is not an envelope.
-    """
-    if envelope is not None and "dead_letter" in envelope:
-        return body
-    error, exception = bq.storable_text(error), bq.storable_text(exception)
-    attempts = min(max(attempts, 0), INT64_MAX)
-    if envelope is not None and reason != bq.Reason.POISON:  # poison that decodes: refused by a limit, kept exact
-        try:
-            env = _with_attempts(open_body(body)[0], attempts)
-            return bq.encode(bq.annotate_dead_letter(env, reason, original_queue=original_queue, attempts=attempts,
-                                                     error=error, exception=exception, failed_at=failed_at))
-        except (EnvelopeDecodeError, EnvelopeEncodeError, InvalidEnvelopeError):
-            pass
-    return wrap_raw(body, reason, original_queue=original_queue, attempts=attempts, error=error, exception=exception,
-                    failed_at=failed_at)
 
 
 class PipelinedBatch(Protocol):
@@ -442,8 +163,8 @@ class Binding(abc.ABC):
 
     #: Short broker name used in records and logs ("memory", "sql", "redis", ...).
     name: str = ""
-    #: Bodies longer than this are delivered undecoded (see :func:`parse_body`); ``None``: no limit. A consumer
-    #: sets it to its ``max_body_bytes``, so a body it will refuse for its size costs no decoding.
+    #: Bodies longer than this are delivered undecoded (see :func:`~.message.parse_body`); ``None``: no limit. A
+    #: consumer sets it to its ``max_body_bytes``, so a body it will refuse for its size costs no decoding.
     decode_limit: int | None = None
     #: Whether ``publish(headers=...)`` reaches consumers; bindings that cannot carry headers ignore them.
     carries_headers: bool = False

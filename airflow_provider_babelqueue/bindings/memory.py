@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.idempotency import InMemorySeenStore
-from .base import Binding, ReceivedMessage, bumped_body, check_sizes, dead_letter_body, parse_body
+from .base import Binding, check_sizes
+from .bodies import bumped_body, dead_letter_body
+from .message import ReceivedMessage, parse_body
 
 #: What the twin reads besides the written DLQ, as Redis does: the spec's name and the SDKs' apps' name.
 DEFAULT_SOURCES = (":failed", ".dlq")

@@ -482,7 +482,7 @@ def annotate_dead_letter(
     :param original_queue: the queue the message failed on; replay sends it back there by default.
     :param attempts: the attempts the message used up when it was given up on (the block's ``attempts``). The
         top-level ``attempts`` is left as the caller set it, as the Python SDK's ``annotate`` does; a worker
-        that dead-letters after failed runs sets both to the runs (``bindings.base.dead_letter_body``).
+        that dead-letters after failed runs sets both to the runs (``bindings.bodies.dead_letter_body``).
     :param error: a human-readable message (e.g. the exception text); ``None`` when there is none.
     :param exception: the exception's type name, so triage can group failures by class.
     :param failed_at: Unix ms; defaults to now. Pass it to make annotation reproducible.

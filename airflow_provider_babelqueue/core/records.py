@@ -43,7 +43,7 @@ _RECORD_KEYS = frozenset(("v", "body"))
 
 
 class DrainedMessage(Protocol):
-    """What a record is written from: a received dead letter (``bindings.base.ReceivedMessage`` has it all)."""
+    """What a record is written from: a received dead letter (``bindings.message.ReceivedMessage`` has it all)."""
 
     @property
     def body(self) -> bytes: ...
@@ -63,7 +63,7 @@ class DrainedMessage(Protocol):
 
 def _meta_id_of_raw(raw: bytes) -> str:
     """``meta.id`` of a body that decodes as an envelope (a frame's inner one), else ``""``: what a received
-    message reports (``bindings.base.parse_body`` reads bodies with the same :func:`~.frames.open_body`)."""
+    message reports (``bindings.message.parse_body`` reads bodies with the same :func:`~.frames.open_body`)."""
     try:
         return bq.meta_id_of(open_body(raw)[0])
     except EnvelopeDecodeError:

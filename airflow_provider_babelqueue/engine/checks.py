@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..bindings.base import Binding, NotSupportedError, ReceivedMessage
+from ..bindings.base import Binding, NotSupportedError
+from ..bindings.message import ReceivedMessage
 from ..core import envelope as bq
 from ..core.errors import EnvelopeDecodeError
 from ..core.frames import FRAME_KEY, open_body

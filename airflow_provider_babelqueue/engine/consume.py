@@ -23,7 +23,7 @@ For each delivery, in this order:
    and in the block (3 and 3 after three failures with ``max_attempts=3``, as the spec and the Python SDK).
 
 A framed message (Node's Redis adapter, the Python SDK 1.24) is its inner envelope throughout: the bindings
-unwrap it when they read it (``bindings.base.parse_body``), a release keeps it framed, a dead letter is stored
+unwrap it when they read it (``bindings.message.parse_body``), a release keeps it framed, a dead letter is stored
 as the bare annotated envelope.
 
 A run reserves in batches (:meth:`Binding.reserve_many`, up to ``batch_size`` at once) and settles the handled
@@ -63,7 +63,9 @@ from typing import Any
 
 import orjson
 
-from ..bindings.base import Binding, BindingError, ReceivedMessage, bumped_body
+from ..bindings.base import Binding, BindingError
+from ..bindings.bodies import bumped_body
+from ..bindings.message import ReceivedMessage
 from ..core import envelope as bq
 from ..core.idempotency import Effect, IdempotencyGuard, SeenStore
 from .filters import MessageFilter
@@ -123,7 +125,7 @@ _NOT_COUNTABLE = (
 def _attempt_countable(message: ReceivedMessage) -> bool:
     """Whether a release can record the attempt in the body.
 
-    :func:`~airflow_provider_babelqueue.bindings.base.bumped_body` gives a body it cannot re-encode back
+    :func:`~airflow_provider_babelqueue.bindings.bodies.bumped_body` gives a body it cannot re-encode back
     unchanged (bytes are never lost), so releasing it would deliver it with the same ``attempts`` forever on
     brokers that keep the count only in the body (the SQL table, Redis lists): a failing handler would loop
     without end. Such a message is dead-lettered at its first failure instead, on every broker (one rule, rather

@@ -17,7 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..bindings.base import Binding, NotSupportedError, ReceivedMessage
+from ..bindings.base import Binding, NotSupportedError
+from ..bindings.message import ReceivedMessage
 from ..core.fingerprint import read_dead_letter
 from ..core.idempotency import SeenStore, remember_many, seen_many
 from .checks import _read_dead_letter, dead_letter_matches

@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from ..bindings.base import ReceivedMessage
+    from ..bindings.message import ReceivedMessage
 
 __all__ = ["ConsumeTracer", "MessageSpan"]
 

@@ -36,7 +36,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..bindings.base import Binding, ReceivedMessage
+    from ..bindings.base import Binding
+    from ..bindings.message import ReceivedMessage
 
 __all__ = [
     "HEADER_TRACEPARENT",

@@ -33,7 +33,8 @@ import orjson
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 from airflow.triggers.shared_stream import AdvanceItem, AdvanceOutcome, SharedStreamProducer
 
-from ..bindings.base import Binding, ReceivedMessage
+from ..bindings.base import Binding
+from ..bindings.message import ReceivedMessage
 from ..core import envelope as bq
 from ..core.errors import NotSupportedError
 from ..engine.filters import MessageFilter, message_filter

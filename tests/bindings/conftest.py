@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_babelqueue.bindings.base import Binding, ReceivedMessage
+from airflow_provider_babelqueue.bindings.base import Binding
+from airflow_provider_babelqueue.bindings.message import ReceivedMessage
 
 POSTGRES_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379

@@ -15,7 +15,8 @@ import uuid
 import pytest
 
 from airflow_provider_babelqueue import envelope as bq
-from airflow_provider_babelqueue.bindings.base import Binding, NotSupportedError, ReceivedMessage
+from airflow_provider_babelqueue.bindings.base import Binding, NotSupportedError
+from airflow_provider_babelqueue.bindings.message import ReceivedMessage
 from airflow_provider_babelqueue.core.idempotency import InMemorySeenStore, remember_many, seen_many
 from tests.bindings.conftest import Factory, kept
 

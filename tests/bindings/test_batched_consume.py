@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 
 from airflow_provider_babelqueue import envelope as bq
-from airflow_provider_babelqueue.bindings.base import Binding, ReceivedMessage
+from airflow_provider_babelqueue.bindings.base import Binding
+from airflow_provider_babelqueue.bindings.message import ReceivedMessage
 from airflow_provider_babelqueue.engine.consume import Backoff, Consumer
 from tests.bindings.conftest import Factory, reserve_all
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_babelqueue.bindings.base import Binding, ReceivedMessage
+from airflow_provider_babelqueue.bindings.base import Binding
+from airflow_provider_babelqueue.bindings.message import ReceivedMessage
 from airflow_provider_babelqueue.engine.consume import Consumer
 from airflow_provider_babelqueue.engine.filters import message_filter
 from tests.bindings.conftest import Factory, reserve_all

@@ -8,13 +8,8 @@ import time
 import pytest
 
 from airflow_provider_babelqueue import envelope as bq
-from airflow_provider_babelqueue.bindings.base import (
-    Binding,
-    BindingError,
-    NotSupportedError,
-    PublishBatchError,
-    ReceivedMessage,
-)
+from airflow_provider_babelqueue.bindings.base import Binding, BindingError, NotSupportedError, PublishBatchError
+from airflow_provider_babelqueue.bindings.message import ReceivedMessage
 from airflow_provider_babelqueue.core.peer import poison_wrapper
 from tests.bindings.conftest import Factory
 

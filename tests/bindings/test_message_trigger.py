@@ -26,7 +26,8 @@ import pytest
 from airflow.triggers.shared_stream import SharedStreamManager
 
 from airflow_provider_babelqueue import envelope as bq
-from airflow_provider_babelqueue.bindings.base import Binding, ReceivedMessage
+from airflow_provider_babelqueue.bindings.base import Binding
+from airflow_provider_babelqueue.bindings.message import ReceivedMessage
 from airflow_provider_babelqueue.core.errors import NotSupportedError
 from airflow_provider_babelqueue.core.peer import poison_wrapper
 from airflow_provider_babelqueue.triggers import thread as trigger_thread

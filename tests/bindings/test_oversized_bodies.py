@@ -28,7 +28,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_babelqueue.bindings.base import ReceivedMessage, dead_letter_body, dead_letter_parts
+from airflow_provider_babelqueue.bindings.bodies import dead_letter_body, dead_letter_parts
+from airflow_provider_babelqueue.bindings.message import ReceivedMessage
 from airflow_provider_babelqueue.core import envelope as bq
 from airflow_provider_babelqueue.core import peer
 from airflow_provider_babelqueue.core.envelope import annotate_dead_letter

@@ -22,12 +22,8 @@ import pika
 import pytest
 
 from airflow_provider_babelqueue import envelope as bq
-from airflow_provider_babelqueue.bindings.base import (
-    BindingError,
-    NotSupportedError,
-    PublishBatchError,
-    ReceivedMessage,
-)
+from airflow_provider_babelqueue.bindings.base import BindingError, NotSupportedError, PublishBatchError
+from airflow_provider_babelqueue.bindings.message import ReceivedMessage
 from airflow_provider_babelqueue.bindings.rabbitmq import RabbitMQBinding, RabbitMQConfig, amqp_properties
 from tests.bindings.conftest import kept
 from tests.conftest import ROOT, compact, conformance_manifest, fixture_dict, free_port

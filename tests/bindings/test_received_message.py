@@ -8,7 +8,7 @@ from types import MappingProxyType
 import pytest
 
 from airflow_provider_babelqueue import envelope as bq
-from airflow_provider_babelqueue.bindings.base import ReceivedMessage, parse_body, received_message
+from airflow_provider_babelqueue.bindings.message import ReceivedMessage, parse_body, received_message
 from airflow_provider_babelqueue.core.frames import encode_frame
 
 

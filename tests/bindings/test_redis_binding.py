@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from airflow_provider_babelqueue import envelope as bq
-from airflow_provider_babelqueue.bindings.base import BindingError, PublishBatchError, ReceivedMessage
+from airflow_provider_babelqueue.bindings.base import BindingError, PublishBatchError
+from airflow_provider_babelqueue.bindings.message import ReceivedMessage
 from airflow_provider_babelqueue.bindings.redis import RedisBinding, RedisConfig
 from tests.bindings.conftest import REDIS_URL, kept  # noqa: E402
 from tests.conftest import ROOT, compact, conformance_manifest, fixture_dict, free_port

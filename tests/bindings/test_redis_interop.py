@@ -30,7 +30,7 @@ from babelqueue import EnvelopeCodec  # noqa: E402
 from babelqueue.redis_transport import RedisTransport  # noqa: E402
 
 from airflow_provider_babelqueue import envelope as bq
-from airflow_provider_babelqueue.bindings.base import ReceivedMessage
+from airflow_provider_babelqueue.bindings.message import ReceivedMessage
 from airflow_provider_babelqueue.bindings.redis import RedisBinding, RedisConfig
 from tests.conftest import compact, fixture_dict
 

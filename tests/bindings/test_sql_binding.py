@@ -23,7 +23,8 @@ import pytest
 import sqlalchemy as sa
 
 from airflow_provider_babelqueue import envelope as bq
-from airflow_provider_babelqueue.bindings.base import BindingError, ReceivedMessage
+from airflow_provider_babelqueue.bindings.base import BindingError
+from airflow_provider_babelqueue.bindings.message import ReceivedMessage
 from airflow_provider_babelqueue.bindings.sql import SqlBinding, SqlConfig, sqlite_url
 from tests.bindings.conftest import kept
 

@@ -32,12 +32,13 @@ import pytest
 from airflow.sdk import Connection
 
 from airflow_provider_babelqueue import envelope as bq
-from airflow_provider_babelqueue.bindings.base import BindingError, redact_url, scrub_url_password
+from airflow_provider_babelqueue.bindings.base import BindingError
 from airflow_provider_babelqueue.bindings.redaction import (
     config_repr,
     is_secret_name,
     redact,
     redact_connection_string,
+    redact_url,
     scrub,
     url_secrets,
 )
@@ -349,7 +350,7 @@ def test_redact_connection_string_and_url_secrets() -> None:
     assert set(url_secrets("postgresql://u:p%40ss@h/db?password=q%2Fr&sslmode=require")) == {"p%40ss", "p@ss",
                                                                                             "q%2Fr", "q/r"}
     assert url_secrets("plain-password") == [] and url_secrets(None) == []
-    assert scrub_url_password("failed at http://u:pw-1@h/?token=t%2B1 (t+1)", "http://u:pw-1@h/?token=t%2B1") == (
+    assert scrub("failed at http://u:pw-1@h/?token=t%2B1 (t+1)", url_secrets("http://u:pw-1@h/?token=t%2B1")) == (
         "failed at http://u:***@h/?token=*** (***)")
 
 

@@ -22,8 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_babelqueue import envelope as bq
-from airflow_provider_babelqueue.bindings.base import Binding, NotSupportedError, ReceivedMessage, parse_body
+from airflow_provider_babelqueue.bindings.base import Binding, NotSupportedError
 from airflow_provider_babelqueue.bindings.memory import MemoryBinding
+from airflow_provider_babelqueue.bindings.message import ReceivedMessage, parse_body
 from airflow_provider_babelqueue.core import records
 from airflow_provider_babelqueue.core.records import drain_record, parse_replay_line, record_body
 from airflow_provider_babelqueue.engine.drain import DrainSource, LocalFileSink, StreamSink, drain_dead_letters

@@ -21,8 +21,9 @@ import sqlalchemy
 from airflow.sdk import DAG
 
 from airflow_provider_babelqueue import envelope as bq
-from airflow_provider_babelqueue.bindings.base import Binding, PublishBatchError, ReceivedMessage
+from airflow_provider_babelqueue.bindings.base import Binding, PublishBatchError
 from airflow_provider_babelqueue.bindings.memory import MemoryBinding
+from airflow_provider_babelqueue.bindings.message import ReceivedMessage
 from airflow_provider_babelqueue.core.peer import poison_wrapper
 from airflow_provider_babelqueue.core.records import drain_record, record_body
 from airflow_provider_babelqueue.engine.replay import copy_digest

@@ -36,7 +36,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_babelqueue import envelope as bq
-from airflow_provider_babelqueue.bindings.base import Binding, ReceivedMessage, parse_body
+from airflow_provider_babelqueue.bindings.base import Binding
+from airflow_provider_babelqueue.bindings.message import ReceivedMessage, parse_body
 from airflow_provider_babelqueue.core.peer import poison_wrapper
 from airflow_provider_babelqueue.core.records import record_body
 from airflow_provider_babelqueue.engine.consume import (

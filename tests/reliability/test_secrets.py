@@ -424,15 +424,16 @@ def test_connection_secrets(spec: dict[str, str], expected: list[str]) -> None:
 
 def test_binding_errors_redact_a_password_inside_an_endpoint_url() -> None:
     """The bindings themselves (no Airflow masker involved) never repeat a URL's userinfo password."""
-    from airflow_provider_babelqueue.bindings.base import BindingError, redact_url, scrub_url_password
+    from airflow_provider_babelqueue.bindings.base import BindingError
     from airflow_provider_babelqueue.bindings.pulsar import PulsarBinding, PulsarConfig
+    from airflow_provider_babelqueue.bindings.redaction import redact, scrub, url_secrets
     from airflow_provider_babelqueue.bindings.sqs import SqsBinding, SqsConfig
     from tests.conftest import free_port
 
     secret = "Url-Pass-7731"
-    assert redact_url(f"https://user:{secret}@proxy.internal:8443/x") == "https://user:***@proxy.internal:8443/x"
-    assert redact_url("http://host:1/x") == "http://host:1/x"
-    assert scrub_url_password(f"failed for http://u:{secret}@h/", f"http://u:{secret}@h/") == "failed for http://u:***@h/"
+    assert redact(f"https://user:{secret}@proxy.internal:8443/x") == "https://user:***@proxy.internal:8443/x"
+    assert redact("http://host:1/x") == "http://host:1/x"
+    assert scrub(f"failed for http://u:{secret}@h/", url_secrets(f"http://u:{secret}@h/")) == "failed for http://u:***@h/"
 
     port = free_port()
     sqs = SqsBinding(SqsConfig(region_name="us-east-1", endpoint_url=f"http://user:{secret}@127.0.0.1:{port}",

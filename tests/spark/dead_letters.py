@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_babelqueue.bindings.base import ReceivedMessage
+from airflow_provider_babelqueue.bindings.message import ReceivedMessage
 from airflow_provider_babelqueue.core import envelope as bq
 from airflow_provider_babelqueue.core.records import drain_record
 

@@ -204,7 +204,7 @@ ODD_BODIES = {
 def _write_drain(folder: Path, bodies: dict[str, bytes]) -> None:
     """One drain file in ``folder`` holding ``bodies``, each drained from Redis with its name as the record's
     ``source_conn_id`` (so a test can tell the rows apart)."""
-    from airflow_provider_babelqueue.bindings.base import ReceivedMessage
+    from airflow_provider_babelqueue.bindings.message import ReceivedMessage
     from airflow_provider_babelqueue.core.records import drain_record
 
     folder.mkdir()

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_babelqueue.bindings.base import ReceivedMessage
+from airflow_provider_babelqueue.bindings.message import ReceivedMessage
 from airflow_provider_babelqueue.core import envelope as bq
 from airflow_provider_babelqueue.core.errors import EnvelopeDecodeError
 from airflow_provider_babelqueue.core.records import drain_record

@@ -33,16 +33,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from ...core import envelope as bq
-from ..base import (
-    Binding,
-    BindingError,
-    NotSupportedError,
-    PublishBatchError,
-    ReceivedMessage,
-    bumped_body,
-    dead_letter_body,
-    require_extra,
-)
+from ..base import Binding, BindingError, NotSupportedError, PublishBatchError, require_extra
+from ..bodies import bumped_body, dead_letter_body
+from ..message import ReceivedMessage
 from .wire import (
     _HINTS,
     DEAD_LETTER_SUBQUEUE,

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ...core import envelope as bq
-from ..base import Binding, BindingError, ReceivedMessage, dead_letter_view, parse_body
+from ..base import Binding, BindingError
+from ..bodies import dead_letter_view
+from ..message import ReceivedMessage, parse_body
 
 __all__ = [
     "DEAD_LETTER_SUBQUEUE",

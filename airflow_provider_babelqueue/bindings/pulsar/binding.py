@@ -33,17 +33,9 @@ from datetime import timedelta
 from functools import partial
 from typing import Any
 
-from ..base import (
-    Binding,
-    BindingError,
-    NotSupportedError,
-    PublishBatchError,
-    ReceivedMessage,
-    bumped_body,
-    dead_letter_body,
-    parse_body,
-    require_extra,
-)
+from ..base import Binding, BindingError, NotSupportedError, PublishBatchError, require_extra
+from ..bodies import bumped_body, dead_letter_body
+from ..message import ReceivedMessage, parse_body
 from .wire import (
     CLIENT_HINTS,
     DEFAULT_MAX_MESSAGE_BYTES,

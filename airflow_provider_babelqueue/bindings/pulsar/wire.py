@@ -19,8 +19,9 @@ from typing import Any, NamedTuple
 from urllib.parse import quote, urlsplit
 
 from ...core import envelope as bq
-from ..base import Binding, BindingError, ReceivedMessage, parse_body, redact_url, scrub_url_password
-from ..redaction import config_repr
+from ..base import Binding, BindingError
+from ..message import ReceivedMessage, parse_body
+from ..redaction import config_repr, redact, scrub, url_secrets
 
 __all__ = [
     "CLIENT_HINTS",
@@ -341,9 +342,9 @@ class PulsarConfig:
         service, admin = urlsplit(self.service_url), urlsplit(self.admin_url)
         for bad, problem in (
             (service.scheme not in ("pulsar", "pulsar+ssl") or not service.netloc,
-             f"service_url must be pulsar://host:port or pulsar+ssl://host:port, got {redact_url(self.service_url)!r}"),
+             f"service_url must be pulsar://host:port or pulsar+ssl://host:port, got {redact(self.service_url)!r}"),
             (admin.scheme not in ("http", "https") or not admin.netloc,
-             f"admin_url must be http://host:port or https://host:port, got {redact_url(self.admin_url)!r}"),
+             f"admin_url must be http://host:port or https://host:port, got {redact(self.admin_url)!r}"),
             (not _NAME.fullmatch(self.tenant), "tenant may hold letters, digits and - = : . _ only"),
             (not _NAME.fullmatch(self.namespace), "namespace may hold letters, digits and - = : . _ only"),
             (not _NAME.fullmatch(self.subscription), "subscription may hold letters, digits and - = : . _ only"),
@@ -412,13 +413,13 @@ def admin_get(config: PulsarConfig, path: str, context: ssl.SSLContext | None = 
         except (ValueError, AttributeError):
             reason = ""
         hint = _ADMIN_HINTS.get(exc.code, f"the admin API answered {exc.code}")
-        raise BindingError(f"Pulsar admin {redact_url(url)}: {hint}{f' ({reason})' if reason else ''}") from exc
+        raise BindingError(f"Pulsar admin {redact(url)}: {hint}{f' ({reason})' if reason else ''}") from exc
     except (urllib.error.URLError, OSError, ValueError) as exc:
         text = str(getattr(exc, "reason", exc))
         text = text.replace(config.token, "***") if config.token else text
-        text = scrub_url_password(text, url)
+        text = scrub(text, url_secrets(url))
         raise BindingError(
-            f"Pulsar admin {redact_url(url)}: cannot read topic stats: check admin_url, that the broker's web service "
+            f"Pulsar admin {redact(url)}: cannot read topic stats: check admin_url, that the broker's web service "
             "listens "
             f"there, and its TLS settings ({type(exc).__name__}: {text})"
         ) from exc

@@ -46,18 +46,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from ..base import (
-    Binding,
-    BindingError,
-    NotSupportedError,
-    PublishBatchError,
-    ReceivedMessage,
-    bumped_body,
-    check_sizes,
-    dead_letter_body,
-    parse_body,
-    require_extra,
-)
+from ..base import Binding, BindingError, NotSupportedError, PublishBatchError, check_sizes, require_extra
+from ..bodies import bumped_body, dead_letter_body
+from ..message import ReceivedMessage, parse_body
 from .prefetch import Prefetch
 from .wire import MAX_BODY, MIRROR, RabbitMQConfig, amqp_properties, confirmed_batch
 

@@ -15,11 +15,8 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ...core import envelope as bq
-from ..base import (
-    Binding,
-    BindingError,
-    parse_body,
-)
+from ..base import Binding, BindingError
+from ..message import parse_body
 
 __all__ = ["DEFAULT_DEAD_LETTER_SOURCES", "MAX_BODY", "MIRROR", "RabbitMQConfig", "amqp_properties"]
 

@@ -41,21 +41,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from ...core.frames import encode_frame
+from ...core.frames import encode_frame, frame_headers
 from ...core.peer import WrapperParts
-from ..base import (
-    Binding,
-    BindingError,
-    PublishBatchError,
-    ReceivedMessage,
-    bumped_body,
-    check_sizes,
-    dead_letter_body,
-    dead_letter_parts,
-    frame_headers,
-    parse_body,
-    require_extra,
-)
+from ..base import Binding, BindingError, PublishBatchError, check_sizes, require_extra
+from ..bodies import bumped_body, dead_letter_body, dead_letter_parts
+from ..message import ReceivedMessage, parse_body
 from .scripts import ACK_HEAD, CLAIM, HOLD, RESERVE, RESERVE_MANY, SETTLE, SETTLE_HELD, SETTLE_MANY, SWEEP_BATCH
 
 __all__ = ["LARGE_VALUE", "DeadLetterBatch", "RedisBinding", "RedisConfig", "command_parts"]

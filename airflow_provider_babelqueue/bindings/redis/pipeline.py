@@ -12,7 +12,8 @@ import secrets
 from collections import deque
 from typing import Any
 
-from ..base import BindingError, PipelinedBatch, ReceivedMessage
+from ..base import BindingError, PipelinedBatch
+from ..message import ReceivedMessage
 from .binding import MANY_CHUNK, DeadLetterBatch, RedisBinding, as_bytes
 from .scripts import ACK_HEAD, RESERVE_MANY, SWEEP_BATCH
 

@@ -40,18 +40,9 @@ from sqlalchemy.engine import Connection, Engine
 
 from ...core import envelope as bq
 from ...core.integers import INT64_MAX
-from ..base import (
-    Binding,
-    BindingError,
-    PublishBatchError,
-    ReceivedMessage,
-    annotated_body,
-    bumped_body,
-    check_sizes,
-    dead_letter_view,
-    parse_body,
-    received_message,
-)
+from ..base import Binding, BindingError, PublishBatchError, check_sizes
+from ..bodies import annotated_body, bumped_body, dead_letter_view
+from ..message import ReceivedMessage, parse_body, received_message
 from . import dead_letters
 from .engine import create_engine, mark_returned, ping_if_idle, sqlite_wal
 

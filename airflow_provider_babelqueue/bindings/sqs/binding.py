@@ -35,8 +35,10 @@ from contextlib import contextmanager
 from typing import Any
 
 from ...core import envelope as bq
-from .. import base
-from ..base import Binding, BindingError, PublishBatchError, ReceivedMessage, parse_body, redact_url, scrub_url_password
+from .. import base, bodies
+from ..base import Binding, BindingError, PublishBatchError
+from ..message import ReceivedMessage, parse_body
+from ..redaction import redact, scrub, url_secrets
 from .wire import (
     ATTRIBUTE_NAME,
     BODY_ENCODING_ATTRIBUTE,
@@ -173,14 +175,12 @@ class SqsBinding(Binding):
         try:
             yield
         except (self._errors.ClientError, self._errors.BotoCoreError) as exc:
-            from ..redaction import scrub
-
             text = scrub(str(exc), [self.config.aws_secret_access_key or "", self.config.aws_session_token or ""])
-            text = scrub_url_password(text, self.config.endpoint_url)  # userinfo and secret query parameters
+            text = scrub(text, url_secrets(self.config.endpoint_url))  # userinfo and secret query parameters
             names = [error_code(exc)] + [kind.__name__ for kind in type(exc).__mro__]
             hint = next((HINTS[n] for n in names if n in HINTS), "SQS refused the request")
             endpoint, region = self.config.endpoint_url, self.config.region_name
-            where = redact_url(endpoint) if endpoint else f"region {region or '(from the AWS config)'}"
+            where = redact(endpoint) if endpoint else f"region {region or '(from the AWS config)'}"
             raise BindingError(
                 f"SQS {where}: {action} {target!r} failed: {hint} ({type(exc).__name__}: {text})"
             ) from exc
@@ -637,7 +637,7 @@ class SqsBinding(Binding):
             )
             return
         entry = self._entry(
-            base.bumped_body(message),
+            bodies.bumped_body(message),
             message.queue_name,
             receipt.QueueUrl,
             headers=_forwarded(message.headers),
@@ -654,7 +654,7 @@ class SqsBinding(Binding):
         delete the original."""
         _receipt(message)
         name, url = self._written_dead_letter_queue(message.queue_name)
-        body = base.dead_letter_body(message, reason, error=error, exception=exception)
+        body = bodies.dead_letter_body(message, reason, error=error, exception=exception)
         entry = self._entry(
             body, name, url, headers=_forwarded(message.headers), fresh_dedup=True, limit=SERVICE_MAX_MESSAGE_BYTES
         )
@@ -691,7 +691,7 @@ class SqsBinding(Binding):
     def ping(self) -> None:
         """ListQueues once: proves the endpoint, the credentials and the sqs:ListQueues right."""
         self._call(
-            "list queues at", redact_url(self.config.endpoint_url or self.config.region_name or "sqs"), "list_queues",
+            "list queues at", redact(self.config.endpoint_url or self.config.region_name or "sqs"), "list_queues",
             MaxResults=1
         )
 

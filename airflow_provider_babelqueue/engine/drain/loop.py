@@ -28,7 +28,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...bindings.base import Binding, DeadLetterPipeline, ReceivedMessage
+from ...bindings.base import Binding, DeadLetterPipeline
+from ...bindings.message import ReceivedMessage
 from ...core.records import RecordTemplate, drain_record
 from ..logs import Log
 from .pipelined import Piped, move_pipelined

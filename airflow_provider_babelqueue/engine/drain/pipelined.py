@@ -12,7 +12,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from ...bindings.base import Binding, DeadLetterPipeline, PipelinedBatch, ReceivedMessage
+from ...bindings.base import Binding, DeadLetterPipeline, PipelinedBatch
+from ...bindings.message import ReceivedMessage
 from ...core.records import RecordTemplate
 
 if TYPE_CHECKING:

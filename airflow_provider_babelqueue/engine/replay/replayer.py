@@ -56,7 +56,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...bindings.base import Binding, NotSupportedError, PublishBatchError, ReceivedMessage
+from ...bindings.base import Binding, NotSupportedError, PublishBatchError
+from ...bindings.message import ReceivedMessage
 from ...core import envelope as bq
 from ...core.errors import EnvelopeDecodeError, EnvelopeEncodeError
 from ...core.frames import open_body
