@@ -57,11 +57,11 @@ class Peer:
 def _sql_peer(binding: Any, raw: bytes, cleanups: list[Callable[[], None]]) -> Peer:
     import sqlalchemy as sa
 
-    from airflow_provider_babelqueue.bindings.sql.binding import _dead_letter_table
+    from airflow_provider_babelqueue.bindings.sql.schema import dead_letter_table
 
     name = f"{binding.config.table}_dlq"
     engine = sa.create_engine(binding.config.url)
-    table = _dead_letter_table(name, sa.MetaData())
+    table = dead_letter_table(name, sa.MetaData())
 
     def push(queue: str) -> str:
         table.create(engine, checkfirst=True)  # what the peer's own migration made

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from .binding import (
-    SqlBinding,
-    SqlConfig,
-    sqlite_url,
-)
+from .binding import SqlBinding
+from .config import SqlConfig, sqlite_url
 
 __all__ = [
     "SqlBinding",

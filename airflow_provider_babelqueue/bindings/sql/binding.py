@@ -23,13 +23,11 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
 from types import MappingProxyType
@@ -44,18 +42,16 @@ from ..base import Binding, BindingError, PublishBatchError, check_sizes
 from ..bodies import annotated_body, bumped_body, dead_letter_view
 from ..message import ReceivedMessage, parse_body, received_message
 from . import dead_letters
+from .config import SqlConfig
 from .engine import create_engine, mark_returned, ping_if_idle, sqlite_wal
+from .schema import build_tables, column_text, create_tables_racing, dead_letter_table
 
-__all__ = ["SqlBinding", "SqlConfig", "column_text", "sqlite_url"]
+__all__ = ["SqlBinding"]
 
 if TYPE_CHECKING:
     from ...core.idempotency import SeenStore
     from .stores import SqlSeenStore
 
-#: At most 40 characters: PostgreSQL truncates identifiers at 63 bytes and ``<table>_failed_queue_idx`` is longest.
-_TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
-#: A dead-letter table's name: the ready table's rule plus room for ``_failed``.
-_FAILED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,46}")
 _BATCH_CHUNK = 500
 
 
@@ -76,94 +72,6 @@ _new_receipt = tuple.__new__
 _NO_HEADERS: Mapping[str, Any] = MappingProxyType({})
 
 
-def column_text(text: str | None) -> str | None:
-    """A derived text column's value: NUL removed (PostgreSQL's ``text`` refuses it) and lone surrogates made
-    U+FFFD (no driver encodes them), so what a handler's error says can never stop a dead letter's INSERT."""
-    if text is None:
-        return None
-    text = bq.storable_text(text) or ""
-    return text.replace("\x00", "") if "\x00" in text else text
-
-
-def sqlite_url(path: str | os.PathLike[str]) -> str:
-    """The SQLAlchemy URL of an SQLite file.
-
-    :param path: the database file; it is made absolute so the URL means the same file whatever the
-        working directory of the worker, scheduler or triggerer that opens it.
-    """
-    return f"sqlite:///{Path(path).expanduser().resolve()}"
-
-
-@dataclass(frozen=True, slots=True)
-class SqlConfig:
-    """Where the queue tables live and how reservations behave.
-
-    :param url: SQLAlchemy URL (``sqlite:////abs/path.db``, ``postgresql+psycopg2://user@host/db``).
-    :param table: the ready table; dead letters go to ``<table>_failed``. It is interpolated into SQL by
-        other SDKs, so only letters, digits and underscores are accepted.
-    :param visibility_timeout: seconds a reserved row may stay unacked before it is delivered again; it
-        must exceed the longest handler run or a slow consumer's message is handed to a second one.
-    :param poll_interval: sleep between polls while ``reserve(timeout=...)`` waits; a table has no push
-        notification, so this trades latency for database load.
-    :param create_tables: ``CREATE TABLE IF NOT EXISTS`` on first use; turn it off where the application
-        role may not run DDL and the tables are migrated separately.
-    :param max_message_bytes: larger bodies are refused before the INSERT; the default is SQLite's
-        ``SQLITE_MAX_LENGTH`` (10^9 bytes), just under PostgreSQL's 1 GB field limit.
-    :param dead_letter_sources: dead-letter tables read besides ``<table>_failed`` (which is always read, first,
-        and the only one written): full table names, suffixes after ``<table>`` (``_dlq``) or ``{table}``
-        templates, as a list or comma text. Each must have the ``_failed`` layout; a missing one reads as empty
-        and is never created. Empty by default: the SQL layout is the spec's own, and no SDK writes another.
-    """
-
-    url: str
-    table: str = "jobs"
-    visibility_timeout: float = 300.0
-    poll_interval: float = 0.05
-    create_tables: bool = True
-    max_message_bytes: int = 1_000_000_000
-    dead_letter_sources: tuple[str, ...] | str | None = ()
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.table, str) or not _TABLE_NAME.fullmatch(self.table):
-            raise ValueError(f"table must be 1-40 letters, digits or underscores, not led by a digit: {self.table!r}")
-        entries = Binding.source_entries(self.dead_letter_sources)
-        object.__setattr__(self, "dead_letter_sources", entries)
-        for entry in entries:
-            name = entry.replace("{table}", self.table) if "{table}" in entry else (
-                entry if entry[:1].isalnum() else f"{self.table}{entry}")
-            if not _FAILED_NAME.fullmatch(name):
-                raise ValueError(f"dead_letter_sources: {name!r} is not a table name (letters, digits and "
-                                 "underscores, not led by a digit, at most 47 characters)")
-        if not self.visibility_timeout > 0:
-            raise ValueError(f"visibility_timeout must be positive, got {self.visibility_timeout!r}")
-        if not self.poll_interval > 0:
-            raise ValueError(f"poll_interval must be positive, got {self.poll_interval!r}")
-        if not (isinstance(self.max_message_bytes, int) and self.max_message_bytes >= 1):
-            raise ValueError(f"max_message_bytes must be a positive whole number, got {self.max_message_bytes!r}")
-        try:
-            sa.make_url(self.url)
-        except (sa.exc.ArgumentError, TypeError, ValueError) as exc:
-            from ..redaction import redact_url, scrub, url_secrets
-
-            # SQLAlchemy's message quotes the whole URL: show it redacted, and scrub what parsing could not place
-            text = str(exc).replace(str(self.url), redact_url(str(self.url)))
-            raise ValueError(f"url is not a SQLAlchemy URL: {scrub(text, url_secrets(str(self.url)))}") from None
-
-    @property
-    def safe_url(self) -> str:
-        """The URL with its password masked, for messages and logs: the userinfo password (SQLAlchemy's own
-        masking) and secret query parameters such as libpq's ``?password=`` (see :mod:`..redaction`)."""
-        from ..redaction import redact_url
-
-        return redact_url(sa.make_url(self.url).render_as_string(hide_password=True))
-
-    def __repr__(self) -> str:
-        return (
-            f"SqlConfig(url={self.safe_url!r}, table={self.table!r}, visibility_timeout={self.visibility_timeout!r}, "
-            f"poll_interval={self.poll_interval!r}, create_tables={self.create_tables!r})"
-        )
-
-
 def _driver(conn: Connection) -> sqlite3.Connection:
     """The SQLite driver's connection under ``conn``: the consumer's per-batch statements run on it."""
     driver = conn.connection.driver_connection
@@ -178,63 +86,6 @@ class _Receipt(NamedTuple):
     token: float
     #: The dead-letter table the row is in ("" for the ready table and the written DLQ table).
     table: str = ""
-
-
-def _dead_letter_table(name: str, metadata: sa.MetaData) -> sa.Table:
-    """A dead-letter table's description (``<table>_failed``'s layout) under ``name``."""
-    row_id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
-    return sa.Table(
-        name, metadata,
-        sa.Column("id", row_id, primary_key=True, autoincrement=True),
-        sa.Column("queue", sa.String(255), nullable=False),
-        sa.Column("urn", sa.Text(), nullable=True),
-        # 64-bit: the contract's attempts go up to 2**63 - 1 (an older table's INTEGER column is clamped on
-        # write, see SqlBinding._attempts_column_max)
-        sa.Column("attempts", sa.BigInteger(), nullable=False, default=0),
-        sa.Column("reason", sa.Text(), nullable=False),
-        sa.Column("error", sa.Text(), nullable=True),
-        sa.Column("exception", sa.Text(), nullable=True),
-        sa.Column("failed_at", sa.BigInteger(), nullable=False),
-        sa.Column("payload", sa.LargeBinary(), nullable=False),
-        sa.Column("reserved_at", sa.Double(), nullable=True),
-        sa.Index(f"{name}_queue_idx", "queue", "id"),
-        sqlite_autoincrement=True,
-    )
-
-
-def _build_tables(name: str) -> tuple[sa.Table, sa.Table]:
-    metadata = sa.MetaData()
-    row_id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite autoincrements INTEGER only
-    ready = sa.Table(
-        name, metadata,
-        sa.Column("id", row_id, primary_key=True, autoincrement=True),
-        sa.Column("queue", sa.String(255), nullable=False),
-        sa.Column("payload", sa.LargeBinary(), nullable=False),
-        sa.Column("attempts", sa.Integer(), nullable=False, default=0),
-        sa.Column("reserved_at", sa.Double(), nullable=True),
-        sa.Column("available_at", sa.Double(), nullable=False),
-        sa.Column("created_at", sa.Double(), nullable=False),
-        # (queue, available_at, id) serves the reserve query's ORDER BY available_at, id straight from the
-        # index; without id, a batch (one shared available_at) is re-sorted on every reserve.
-        sa.Index(f"{name}_queue_idx", "queue", "available_at", "id"),
-        sqlite_autoincrement=True,  # never reuse ids: a stale receipt must not match a newer row
-    )
-    failed = _dead_letter_table(f"{name}_failed", metadata)
-    return ready, failed
-
-
-def create_tables_racing(metadata: sa.MetaData, engine: Engine, attempts: int = 5) -> None:
-    """``CREATE TABLE IF NOT EXISTS`` for every table of ``metadata``, tolerating other processes creating the
-    same tables at the same time: a lost race (PostgreSQL: IntegrityError or ProgrammingError; SQLite:
-    OperationalError "already exists") is checked again, table by table, a few times."""
-    for attempt in range(attempts):
-        try:
-            metadata.create_all(engine, checkfirst=True)
-            return
-        except sa.exc.DatabaseError:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(0.01 * (attempt + 1))
 
 
 class SqlBinding(Binding):
@@ -253,7 +104,7 @@ class SqlBinding(Binding):
         self.config = config
         self._engine = engine
         self._owns_engine = engine is None
-        self._ready, self._failed = _build_tables(config.table)
+        self._ready, self._failed = build_tables(config.table)
         #: Every dead-letter table read, the written one first; the extra ones live in their own metadata, so
         #: ``create_tables`` never creates them.
         extra = sa.MetaData()
@@ -261,7 +112,7 @@ class SqlBinding(Binding):
                                                stem=config.table, placeholder="{table}")
         self._dead_tables: dict[str, sa.Table] = {self._failed.name: self._failed}
         for name in names[1:]:
-            self._dead_tables[name] = _dead_letter_table(name, extra)
+            self._dead_tables[name] = dead_letter_table(name, extra)
         self._present: set[str] = {self._failed.name}  # extra tables seen to exist (they are not dropped)
         self._attempts_max: int | None = None  # the written dead-letter table's attempts range, once looked up
         self._statements: dict[tuple[Any, ...], tuple[str, tuple[str, ...] | None, dict[str, Any]]] = {}

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from ...core.idempotency import distinct_chunks
-from .binding import create_tables_racing
+from .schema import create_tables_racing
 
 if TYPE_CHECKING:
     from .binding import SqlBinding
