@@ -1,14 +1,14 @@
-"""Azure Service Bus: the native projection, attempts and dead-letter rules (wire) and the binding."""
+"""Azure Service Bus: its config, the native projection, attempts and dead-letter rules (wire) and the binding."""
 
 from __future__ import annotations
 
 from .binding import (
     AzureServiceBusBinding,
 )
+from .config import AzureServiceBusConfig
 from .wire import (
     DEAD_LETTER_SUBQUEUE,
     MAX_DEAD_LETTER_TEXT,
-    AzureServiceBusConfig,
     application_properties,
     dead_letter_description,
     message_fields,

@@ -36,11 +36,11 @@ from ...core import envelope as bq
 from ..base import Binding, BindingError, NotSupportedError, PublishBatchError, require_extra
 from ..bodies import bumped_body, dead_letter_body
 from ..message import ReceivedMessage
+from .config import AzureServiceBusConfig
 from .wire import (
     _HINTS,
     DEAD_LETTER_SUBQUEUE,
     MAX_DEAD_LETTER_TEXT,
-    AzureServiceBusConfig,
     Receipt,
     application_properties,
     dead_letter_description,
@@ -58,7 +58,6 @@ from .wire import (
 __all__ = [
     "DEAD_LETTER_SUBQUEUE",
     "AzureServiceBusBinding",
-    "AzureServiceBusConfig",
     "application_properties",
     "dead_letter_description",
     "message_fields",

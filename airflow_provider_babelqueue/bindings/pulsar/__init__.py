@@ -1,17 +1,17 @@
-"""Apache Pulsar: topics, properties and attempts (wire) and the binding."""
+"""Apache Pulsar: its config, topics, properties and attempts (wire), the admin API behind the counts, the binding."""
 
 from __future__ import annotations
 
 from .binding import (
     PulsarBinding,
 )
+from .config import PulsarConfig
 from .wire import (
     CLIENT_HINTS,
     DEFAULT_MAX_MESSAGE_BYTES,
     MIRROR,
     PROJECTED,
     Hold,
-    PulsarConfig,
     Receipt,
     dead_letter_topic,
     delay_millis,

@@ -36,15 +36,15 @@ from typing import Any
 from ..base import Binding, BindingError, NotSupportedError, PublishBatchError, require_extra
 from ..bodies import bumped_body, dead_letter_body
 from ..message import ReceivedMessage, parse_body
+from .admin import admin_get
+from .config import PulsarConfig
 from .wire import (
     CLIENT_HINTS,
     DEFAULT_MAX_MESSAGE_BYTES,
     MIRROR,
     PROJECTED,
     Hold,
-    PulsarConfig,
     Receipt,
-    admin_get,
     dead_letter_topic,
     delay_millis,
     message_key,
@@ -63,7 +63,6 @@ __all__ = [
     "MIRROR",
     "PROJECTED",
     "PulsarBinding",
-    "PulsarConfig",
     "dead_letter_topic",
     "message_properties",
     "reconcile_attempts",

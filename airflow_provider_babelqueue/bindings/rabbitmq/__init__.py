@@ -1,14 +1,14 @@
-"""RabbitMQ on the default exchange: the AMQP projection (wire) and the binding."""
+"""RabbitMQ on the default exchange: its config, the AMQP projection (wire) and the binding."""
 
 from __future__ import annotations
 
 from .binding import (
     RabbitMQBinding,
 )
+from .config import RabbitMQConfig
 from .wire import (
     MAX_BODY,
     MIRROR,
-    RabbitMQConfig,
     amqp_properties,
 )
 

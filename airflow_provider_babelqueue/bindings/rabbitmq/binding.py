@@ -49,8 +49,9 @@ from typing import Any, TypeVar, cast
 from ..base import Binding, BindingError, NotSupportedError, PublishBatchError, check_sizes, require_extra
 from ..bodies import bumped_body, dead_letter_body
 from ..message import ReceivedMessage, parse_body
+from .config import RabbitMQConfig
 from .prefetch import Prefetch
-from .wire import MAX_BODY, MIRROR, RabbitMQConfig, amqp_properties, confirmed_batch
+from .wire import MAX_BODY, MIRROR, amqp_properties, confirmed_batch
 
 __all__ = ["MAX_BODY", "MIRROR", "RabbitMQBinding", "RabbitMQConfig", "amqp_properties"]
 

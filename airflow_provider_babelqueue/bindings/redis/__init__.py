@@ -1,12 +1,12 @@
-"""Redis lists in the cross-SDK layout: the binding, its Lua scripts, its drain pipeline and its seen-set."""
+"""Redis lists in the cross-SDK layout: its config, the binding, its Lua scripts, drain pipeline and seen-set."""
 
 from __future__ import annotations
 
 from .binding import (
     DeadLetterBatch,
     RedisBinding,
-    RedisConfig,
 )
+from .config import RedisConfig
 
 __all__ = [
     "DeadLetterBatch",

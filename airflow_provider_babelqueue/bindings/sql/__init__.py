@@ -1,4 +1,4 @@
-"""A SQL table queue (the spec's PDO transport; SQLite by default, PostgreSQL): the binding and its seen-set."""
+"""A SQL table queue (the spec's PDO transport; SQLite by default, PostgreSQL): config, tables, binding, seen-set."""
 
 from __future__ import annotations
 

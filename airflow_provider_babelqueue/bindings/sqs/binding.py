@@ -39,6 +39,7 @@ from .. import base, bodies
 from ..base import Binding, BindingError, PublishBatchError
 from ..message import ReceivedMessage, parse_body
 from ..redaction import redact, scrub, url_secrets
+from .config import SqsConfig
 from .wire import (
     ATTRIBUTE_NAME,
     BODY_ENCODING_ATTRIBUTE,
@@ -51,7 +52,6 @@ from .wire import (
     NOT_SQS_TEXT,
     SERVICE_MAX_MESSAGE_BYTES,
     Receipt,
-    SqsConfig,
     dead_letter_queue_name,
     dead_letter_source_names,
     entry_size,
@@ -65,7 +65,6 @@ from .wire import (
 __all__ = [
     "BODY_ENCODING_ATTRIBUTE",
     "SqsBinding",
-    "SqsConfig",
     "dead_letter_queue_name",
     "message_attributes",
     "reconcile_attempts",
