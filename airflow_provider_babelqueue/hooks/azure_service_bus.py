@@ -40,8 +40,6 @@ class BabelQueueAzureServiceBusHook(BabelQueueHook):
             "fully_qualified_namespace": connection.host or None,
             **self.config_options(extras),
         }
-        if "dead_letter_sources" in extras:  # a JSON list or comma text, as it is: the config splits and checks it
-            options["dead_letter_sources"] = extras["dead_letter_sources"]
         return AzureServiceBusBinding(make_config(AzureServiceBusConfig, connection, options))
 
     def describe(self, connection: Connection) -> str:

@@ -41,6 +41,7 @@ __all__ = [
     "as_int",
     "connection_secrets",
     "convert_extra",
+    "login_options",
     "make_config",
     "read_extras",
     "scrub",
@@ -128,6 +129,17 @@ def read_extras(declared: Iterable[Extra], extras: Mapping[str, Any]) -> dict[st
     """
     return {extra.name: convert_extra(extra, extras[extra.name]) for extra in declared
             if extras.get(extra.name) not in (None, "")}
+
+
+def login_options(connection: Connection) -> dict[str, str]:
+    """``username`` and ``password`` from the connection's login and password, each only when set: a broker that
+    accepts anonymous clients (Redis without ACLs, say) gets neither rather than an empty credential."""
+    options = {}
+    if connection.login:
+        options["username"] = connection.login
+    if connection.password:
+        options["password"] = connection.password
+    return options
 
 
 def make_config(config_class: Callable[..., T], connection: Connection, options: Mapping[str, Any]) -> T:
@@ -269,9 +281,14 @@ class BabelQueueHook(BaseHook, abc.ABC):
         return out
 
     def config_options(self, extras: Mapping[str, Any]) -> dict[str, Any]:
-        """The converted extras that go to the binding config under their own names (``to_config``)."""
+        """The converted extras that go to the binding config under their own names (``to_config``), and
+        ``dead_letter_sources`` as it is (a JSON list, or comma text from the form): every broker's config splits
+        and checks it itself (``Binding.source_entries``), so its errors name the entry at fault."""
         declared = [extra for extra in self.connection_spec.extras if extra.to_config]
-        return read_extras(declared, extras)
+        options = read_extras(declared, extras)
+        if "dead_letter_sources" in extras:
+            options["dead_letter_sources"] = extras["dead_letter_sources"]
+        return options
 
     def console_queues(self) -> list[str]:
         """The queues the connection's ``console_queues`` extra names, for the dead-letter console's list (a JSON

@@ -59,8 +59,6 @@ class BabelQueuePulsarHook(BabelQueueHook):
         service_url, admin_url = self.urls(connection, extras)
         options: dict[str, Any] = {"service_url": service_url, "admin_url": admin_url,
                                    "token": connection.password or None, **self.config_options(extras)}
-        if "dead_letter_sources" in extras:  # a JSON list or comma text, as it is: the config splits and checks it
-            options["dead_letter_sources"] = extras["dead_letter_sources"]
         return PulsarBinding(make_config(PulsarConfig, connection, options), client_factory=self.client_factory)
 
     def describe(self, connection: Connection) -> str:

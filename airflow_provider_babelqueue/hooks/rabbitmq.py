@@ -8,7 +8,7 @@ from airflow.sdk import Connection
 
 from ..bindings.base import Binding
 from ..bindings.redaction import redact
-from .base import BabelQueueHook, make_config
+from .base import BabelQueueHook, login_options, make_config
 from .connection_specs import RABBITMQ
 
 __all__ = ["BabelQueueRabbitMQHook"]
@@ -32,13 +32,7 @@ class BabelQueueRabbitMQHook(BabelQueueHook):
             "port": int(connection.port or 5672),
             "virtual_host": connection.schema or "/",
         }
-        if connection.login:
-            options["username"] = connection.login
-        if connection.password:
-            options["password"] = connection.password
-        options.update(self.config_options(extras))
-        if "dead_letter_sources" in extras:  # a JSON list or comma text, as it is: the config splits and checks it
-            options["dead_letter_sources"] = extras["dead_letter_sources"]
+        options |= login_options(connection) | self.config_options(extras)
         return RabbitMQBinding(make_config(RabbitMQConfig, connection, options))
 
     def describe(self, connection: Connection) -> str:

@@ -68,8 +68,6 @@ class BabelQueueSqlHook(BabelQueueHook):
         from ..bindings.sql import SqlBinding, SqlConfig
 
         options: dict[str, Any] = {"url": sql_url(connection, extras), **self.config_options(extras)}
-        if "dead_letter_sources" in extras:  # a JSON list or comma text, as it is: the config splits and checks it
-            options["dead_letter_sources"] = extras["dead_letter_sources"]
         return SqlBinding(make_config(SqlConfig, connection, options))
 
     def reached(self, connection: Connection, binding: Binding) -> str:
