@@ -23,9 +23,11 @@ PARAMS = {
     "replay_set": Param(None, type=["null", "string"],
                         description="a JSON Lines file or folder to replay instead of a DLQ; null or blank = use "
                                     "queue_name"),
-    "reasons": Param([], type="array", description="only these dead_letter.reason values; empty = any"),
-    "urns": Param([], type="array", description="only these URNs; empty = any"),
-    "exception_types": Param([], type="array", description="only these exception types; empty = any"),
+    # Lists are nullable: a list emptied by hand in the form becomes null (null and [] both mean "any").
+    "reasons": Param([], type=["null", "array"], description="only these dead_letter.reason values; empty = any"),
+    "urns": Param([], type=["null", "array"], description="only these URNs; empty = any"),
+    "exception_types": Param([], type=["null", "array"],
+                             description="only these exception types; empty = any"),
     "min_age_seconds": Param(None, type=["null", "number"], description="only dead letters at least this old"),
     "max_messages": Param(None, type=["null", "integer"], description="at most this many in this run"),
     "target_conn_id": Param(None, type=["null", "string"], description="publish on this connection; null = source"),

@@ -55,11 +55,15 @@ PARAMS = {
     "spark_conn_id": Param("spark_default", type="string", description="the Spark connection for spark-submit"),
     "spark_conf": Param({"spark.sql.shuffle.partitions": "8", "spark.ui.enabled": "false"}, type="object",
                         description="extra spark-submit --conf values"),
-    "replay_reasons": Param(["failed"], type="array",
-                            description="dead_letter.reason values worth replaying; 'failed' = handler errors"),
-    "replay_exception_types": Param([], type="array",
-                                    description="only these exception types (full name or last segment)"),
-    "replay_urns": Param([], type="array", description="only these URNs; empty = any"),
+    # Lists are nullable too: a list emptied by hand in the form becomes null, which a plain "array" counts as
+    # missing. Null and [] both mean "any".
+    "replay_reasons": Param(["failed"], type=["null", "array"],
+                            description="dead_letter.reason values worth replaying; 'failed' = handler errors; "
+                                        "empty = any"),
+    "replay_exception_types": Param([], type=["null", "array"],
+                                    description="only these exception types (full name or last segment); "
+                                                "empty = any"),
+    "replay_urns": Param([], type=["null", "array"], description="only these URNs; empty = any"),
     "replay_min_age_seconds": Param(None, type=["null", "number"],
                                     description="only dead letters at least this old (let a fix deploy first)"),
     "replay_max_attempts": Param(None, type=["null", "integer"],

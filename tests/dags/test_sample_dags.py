@@ -361,6 +361,23 @@ def test_replay_dag_dry_run_then_replay(bag: Any, broker: dict[str, Any]) -> Non
     assert binding.dead_letter_depth(queue) == 5  # poison, unknown_urn, unsupported_schema_version stay
 
 
+def test_replay_dag_reads_a_null_filter_list_as_any(bag: Any, broker_sqlite: dict[str, Any]) -> None:
+    """The trigger form sends null for a list param emptied by hand (tests/dags/test_trigger_form.py): the run
+    selects exactly what the same run with empty lists selects, and no filter at all applies."""
+    binding, queue = broker_sqlite["binding"], broker_sqlite["queue"]
+    seed(binding, queue)
+    dag = bag.get_dag("babelqueue_dlq_replay")
+    conf = {"source_conn_id": broker_sqlite["conn_id"], "queue_name": queue, "dry_run": True}
+    results = []
+    for empty in (None, []):
+        run = run_dag(dag, run_conf={**conf, "reasons": empty, "urns": empty, "exception_types": empty})
+        assert task_states(run) == {"replay": "success"}, empty
+        results.append(xcom(run, "replay"))
+    assert results[0] == results[1]
+    assert results[0]["replayed"] + sum(results[0]["skipped"].values()) == 15  # every dead letter was looked at
+    assert binding.dead_letter_depth(queue) == 15
+
+
 @pytest.mark.parametrize("broker", BROKERS, indirect=True)
 def test_publish_example_dag_continues_one_trace(bag: Any, broker: dict[str, Any]) -> None:
     binding, queue = broker["binding"], broker["queue"]

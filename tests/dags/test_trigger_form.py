@@ -236,6 +236,15 @@ class DevTools:
         for kind in ("mousePressed", "mouseReleased"):
             self.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1)
 
+    def clear(self, selector: str) -> None:
+        """Empty a text field as a person does: click into it, select all, press Backspace (real key events, so
+        the form's own change handler runs)."""
+        self.click(selector)
+        self.js(f"document.querySelector({json.dumps(selector)}).select()")
+        for kind in ("keyDown", "keyUp"):
+            self.call("Input.dispatchKeyEvent", type=kind, key="Backspace", code="Backspace",
+                      windowsVirtualKeyCode=8, nativeVirtualKeyCode=8)
+
     def screenshot(self, path: Path, selector: str) -> Path:
         """A PNG of the element (with a margin), e.g. the trigger dialog."""
         box = self._box(selector)
@@ -394,7 +403,25 @@ def test_the_trigger_form_in_chromium_starts_the_triage_dag_with_its_defaults(ap
         while not (new := {k: v for k, v in _runs(db, TRIAGE).items() if k not in before}):
             assert time.monotonic() < deadline, "no dag run was created within 30 s of pressing Trigger"
             time.sleep(0.5)
+        [(run_id, run)] = new.items()
+        assert run_id.startswith("manual__") and run["run_type"] == "manual", run
+        assert run["conf"] == defaults, f"the form sent {run['conf']}, the DAG's defaults are {defaults}"
+        assert run["conf"]["output_root"] is None and run["conf"]["dry_run"] is True
+
+        # A list param emptied by hand: the form then holds null for it, which a plain "array" type counts as
+        # missing (Trigger disabled); the sample DAGs' lists are nullable, and null means "any", as [] does.
+        before = _runs(db, TRIAGE)
+        _open_trigger_form(browser, base, TRIAGE, "babelqueue_conn_id")
+        browser.clear("#element_replay_reasons")
+        disabled = browser.settled(f"document.querySelector('{SUBMIT}').disabled")
+        shot = browser.screenshot(shots / f"trigger_form_{TRIAGE}_cleared.png", DIALOG)
+        assert disabled is False, f"Trigger is disabled once replay_reasons is emptied (see {shot})"
+        browser.click(SUBMIT)
+        deadline = time.monotonic() + 30
+        while not (new := {k: v for k, v in _runs(db, TRIAGE).items() if k not in before}):
+            assert time.monotonic() < deadline, "no dag run was created within 30 s of pressing Trigger"
+            time.sleep(0.5)
     [(run_id, run)] = new.items()
-    assert run_id.startswith("manual__") and run["run_type"] == "manual", run
-    assert run["conf"] == defaults, f"the form sent {run['conf']}, the DAG's defaults are {defaults}"
-    assert run["conf"]["output_root"] is None and run["conf"]["dry_run"] is True
+    assert run["conf"]["replay_reasons"] in (None, []), run["conf"]
+    assert {k: v for k, v in run["conf"].items() if k != "replay_reasons"} == {
+        k: v for k, v in defaults.items() if k != "replay_reasons"}

@@ -102,6 +102,11 @@ def test_operator_builds_the_job_command() -> None:
                              "--exception-types", "GatewayTimeout", "--max-attempts", "5", "--min-age-seconds", "60"]
     assert op.env_vars["PYSPARK_PYTHON"] and op.name == "babelqueue-replay_set" and op._conn_id == "spark_local"
     assert {"input_path", "output_path", "reasons", "application_args"} <= set(op.template_fields)
+    # a list param rendered as null (the trigger form's emptied list) or [] is no filter: no flag at all
+    for empty in (None, [], ""):
+        op.reasons = op.exception_types = empty
+        assert op.job_args() == ["--input", "a", "b/*.parquet", "--output", "out", "--max-attempts", "5",
+                                 "--min-age-seconds", "60"], empty
     triage = BabelQueueSparkTriageOperator(task_id="t2", job="triage", input="in", output="o", source_broker="redis",
                                            report_output="r", env_vars={"PYSPARK_PYTHON": "python3"})
     assert triage.job_args() == ["--input", "in", "--output", "o", "--source-broker", "redis", "--report-output", "r"]
