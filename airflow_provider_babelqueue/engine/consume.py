@@ -70,7 +70,7 @@ from ..core import envelope as bq
 from ..core.idempotency import Effect, IdempotencyGuard, SeenStore
 from .filters import MessageFilter
 from .limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_NESTING_DEPTH, body_limit_error, check_limit, nesting_depth
-from .logs import Log
+from .logs import DEFAULT_MESSAGE_LOG_LINES, LineBudget, Log
 from .telemetry import ConsumeTracer, MessageSpan
 
 #: The contract's integers are signed 64-bit (and so are the brokers' attempts columns and headers).
@@ -264,6 +264,10 @@ class Consumer:
         lands in the metadata database, see :data:`DEFAULT_MAX_RESULT_BYTES`).
     :param tracer: told about each reserve, message and settlement (:mod:`.telemetry`; the OpenTelemetry spans of
         :mod:`airflow_provider_babelqueue.observability.tracing`); ``None``, when tracing is off, costs nothing.
+    :param message_log_lines: per-message log lines of each kind (retry, dead letter, deletion) written in a
+        minute; the ones over it are counted in one line when the minute, or the run, ends. A failing dependency
+        fails every message, and a task log of one line per message is slow to open and says no more than the
+        first hundred and a count (the summary counts every message). ``None`` logs every one.
     """
 
     def __init__(
@@ -288,6 +292,7 @@ class Consumer:
         max_results: int = DEFAULT_MAX_RESULTS,
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         tracer: ConsumeTracer | None = None,
+        message_log_lines: int | None = DEFAULT_MESSAGE_LOG_LINES,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
@@ -307,6 +312,9 @@ class Consumer:
         #: The one at-most-once-per-``meta.id`` rule (core.idempotency), applied to every handler run.
         self.guard = IdempotencyGuard(idempotency) if idempotency is not None else None
         self.log: Log = log or logging.getLogger(__name__)
+        #: Per-message lines (retries, dead letters, deletions): the first ``message_log_lines`` of each kind a
+        #: minute, then a count.
+        self._lines = LineBudget(self.log, message_log_lines)
         self.rng = rng
         if not max_outage_seconds >= 0:
             raise ValueError(f"max_outage_seconds must be a number >= 0, got {max_outage_seconds!r}")
@@ -373,7 +381,9 @@ class Consumer:
             self.binding.dead_letter(bare, reason, error=plain or None, exception=exception and
                                      exception.encode("ascii", "backslashreplace").decode("ascii"))
         self.summary.dead_lettered[reason] += 1
-        self.log.warning("dead-lettered %s (%s): %s", meta_id or message.meta_id or "<no meta.id>", reason, error)
+        if self._lines.allow("dead-letter"):
+            self.log.warning("dead-lettered %s (%s): %s", meta_id or message.meta_id or "<no meta.id>", reason,
+                             error)
         return f"dead_letter:{reason}"
 
     def _failed(self, message: ReceivedMessage, exc: BaseException, reason: str) -> str:
@@ -388,7 +398,8 @@ class Consumer:
         delay = self.backoff.delay(message.attempts, self.rng)
         self._release(message, delay)
         self.summary.retried += 1
-        self.log.info("retry %s in %.1fs after %s: %s", message.meta_id, delay, exception_name(exc), error)
+        if self._lines.allow("retry"):
+            self.log.info("retry %s in %.1fs after %s: %s", message.meta_id, delay, exception_name(exc), error)
         return "retried"
 
     # ------------------------------------------------------------------------------------ process
@@ -540,7 +551,8 @@ class Consumer:
         if strategy is UnknownUrnStrategy.DELETE:
             self._ack(message)
             self.summary.deleted_unknown += 1
-            self.log.info("deleted %s: no handler for %s (strategy delete)", message.meta_id, urn)
+            if self._lines.allow("deletion"):
+                self.log.info("deleted %s: no handler for %s (strategy delete)", message.meta_id, urn)
             return "deleted"
         if strategy is UnknownUrnStrategy.RELEASE:
             self._release(message, self.backoff.delay(message.attempts, self.rng))
@@ -633,6 +645,7 @@ class Consumer:
                 except BindingError as exc:  # settling again is harmless: each settle is gated on its receipt
                     self._ride_out(exc, deadline)
         finally:
+            self._lines.flush()
             self._acks, self._releases, self._unmatched = None, [], []
             try:
                 self.binding.end_reservations(self.queue_name)

@@ -22,6 +22,7 @@ from ..engine.consume import (
     check_limit,
 )
 from ..engine.filters import MessageFilter, message_filter
+from ..engine.logs import DEFAULT_MESSAGE_LOG_LINES, check_message_log_lines
 from ..hooks import DEFAULT_CONN_ID, get_hook
 from ..observability import metrics
 from ..observability.tracing import tracer_for
@@ -135,6 +136,10 @@ class BabelQueueConsumeOperator(BaseOperator):
     :param max_result_bytes: the JSON size the kept results may take together (default 64 KiB): the return value
         is stored in Airflow's metadata database and loaded whole by the UI and downstream tasks. A handler with a
         larger output should write it to storage and return a reference.
+    :param message_log_lines: per-message lines of each kind (retry, dead letter, deletion) the task log gets in
+        a minute (default 100); the rest are counted in one line a minute. A failing dependency fails every
+        message, and a log of one line per message is slow to open; the returned summary counts them all.
+        ``None`` logs every one.
     """
 
     template_fields: Sequence[str] = ("babelqueue_conn_id", "queue_name", "idempotency_conn_id",
@@ -169,6 +174,7 @@ class BabelQueueConsumeOperator(BaseOperator):
         unmatched_delay: float | str = DEFAULT_UNMATCHED_DELAY,
         max_results: int = DEFAULT_MAX_RESULTS,
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        message_log_lines: int | None = DEFAULT_MESSAGE_LOG_LINES,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -207,6 +213,7 @@ class BabelQueueConsumeOperator(BaseOperator):
                 raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
         self.max_results = max_results
         self.max_result_bytes = max_result_bytes
+        self.message_log_lines = check_message_log_lines(message_log_lines)
 
     def execute(self, context: Context) -> dict[str, Any]:
         handlers = resolve_handlers(self.handlers)
@@ -244,6 +251,7 @@ class BabelQueueConsumeOperator(BaseOperator):
                 max_results=self.max_results,
                 max_result_bytes=self.max_result_bytes,
                 tracer=tracer_for(binding, conn_id=self.babelqueue_conn_id),
+                message_log_lines=self.message_log_lines,
             )
             run = consumer.run(
                 max_messages=self.max_messages,

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from ...bindings.base import Binding
 from ...core.records import parse_replay_line
-from ..logs import Log
+from ..logs import DEFAULT_MESSAGE_LOG_LINES, LineBudget, Log
 from .replayer import Item, Replayer
 
 __all__ = [
@@ -118,18 +118,23 @@ def iter_replay_set(replay_set: str, log: Log | None = None, *,
         raise ValueError(f"replay set {replay_set} is a URL; pass url_files to list its files")
     else:
         files = url_files(replay_set)
-    for name, opener in files:
-        with opener() as raw:
-            stream: IO[bytes] | gzip.GzipFile = gzip.GzipFile(fileobj=raw) if name.endswith(".gz") else raw
-            for number, line in enumerate(stream, 1):
-                try:
-                    parsed = parse_replay_line(line)
-                except ValueError as exc:
-                    log.warning("replay set %s line %d is unusable and is skipped: %s", name, number, exc)
-                    yield "unreadable_line"
-                    continue
-                if parsed is not None:
-                    yield Item(parsed.body, parsed.queue_name)
+    lines = LineBudget(log, DEFAULT_MESSAGE_LOG_LINES)  # a corrupt file: the first lines a minute, then a count
+    try:
+        for name, opener in files:
+            with opener() as raw:
+                stream: IO[bytes] | gzip.GzipFile = gzip.GzipFile(fileobj=raw) if name.endswith(".gz") else raw
+                for number, line in enumerate(stream, 1):
+                    try:
+                        parsed = parse_replay_line(line)
+                    except ValueError as exc:
+                        if lines.allow("unusable replay-set"):
+                            log.warning("replay set %s line %d is unusable and is skipped: %s", name, number, exc)
+                        yield "unreadable_line"
+                        continue
+                    if parsed is not None:
+                        yield Item(parsed.body, parsed.queue_name)
+    finally:
+        lines.flush()
 
 
 def feed_from_replay_set(replayer: Replayer, replay_set: str, *,
