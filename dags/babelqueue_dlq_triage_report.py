@@ -53,8 +53,8 @@ PARAMS = {
                          description="folder or object-storage URL for the run's files; null or blank = "
                                      "$AIRFLOW_HOME/babelqueue/runs"),
     "spark_conn_id": Param("spark_default", type="string", description="the Spark connection for spark-submit"),
-    "spark_conf": Param({"spark.sql.shuffle.partitions": "8", "spark.ui.enabled": "false"}, type="object",
-                        description="extra spark-submit --conf values"),
+    "spark_conf": Param({"spark.sql.shuffle.partitions": "8", "spark.ui.enabled": "false"}, type=["null", "object"],
+                        description="extra spark-submit --conf values; empty = the recommended ones only"),
     # Lists are nullable too: a list emptied by hand in the form becomes null, which a plain "array" counts as
     # missing. Null and [] both mean "any".
     "replay_reasons": Param(["failed"], type=["null", "array"],

@@ -54,8 +54,8 @@ PARAMS = {
     "output_root": Param(None, type=["null", "string"], description="folder or URL for the run's files; null or "
                                                                     "blank = $AIRFLOW_HOME/babelqueue/runs"),
     "spark_conn_id": Param("spark_default", type="string", description="the Spark connection for spark-submit"),
-    "spark_conf": Param({"spark.sql.shuffle.partitions": "8", "spark.ui.enabled": "false"}, type="object",
-                        description="extra spark-submit --conf values"),
+    "spark_conf": Param({"spark.sql.shuffle.partitions": "8", "spark.ui.enabled": "false"}, type=["null", "object"],
+                        description="extra spark-submit --conf values; empty = the recommended ones only"),
 }
 
 with DAG(

@@ -312,9 +312,9 @@ def test_triage_report_dag_triages_what_peer_workers_dead_lettered(bag: Any, bro
 def test_triage_report_dry_run_republishes_nothing(bag: Any, broker_sqlite: dict[str, Any]) -> None:
     binding, queue = broker_sqlite["binding"], broker_sqlite["queue"]
     seed(binding, queue)
+    # spark_conf and a filter list as the trigger form sends them emptied (null): the recommended settings, any URN
     run = run_dag(bag.get_dag("babelqueue_dlq_triage_report"), run_conf={
-        "queue_name": queue, "output_root": broker_sqlite["output_root"],
-        "spark_conf": {"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"}})
+        "queue_name": queue, "output_root": broker_sqlite["output_root"], "spark_conf": None, "replay_urns": None})
     states = task_states(run)
     assert states["replay_set"] == "success" and states["gate"] == "skipped" and states["replay"] == "skipped"
     assert binding.depth(queue) == 0 and binding.dead_letter_depth(queue) == 0

@@ -245,6 +245,16 @@ class DevTools:
             self.call("Input.dispatchKeyEvent", type=kind, key="Backspace", code="Backspace",
                       windowsVirtualKeyCode=8, nativeVirtualKeyCode=8)
 
+    def clear_editor(self, selector: str) -> None:
+        """Empty the JSON editor inside ``selector`` as a person does: click into its text, Ctrl+A, Backspace."""
+        self.click(f"{selector} .monaco-editor .view-lines")
+        for kind in ("keyDown", "keyUp"):
+            self.call("Input.dispatchKeyEvent", type=kind, key="a", code="KeyA", windowsVirtualKeyCode=65,
+                      modifiers=2, commands=["selectAll"] if kind == "keyDown" else [])
+        for kind in ("keyDown", "keyUp"):
+            self.call("Input.dispatchKeyEvent", type=kind, key="Backspace", code="Backspace",
+                      windowsVirtualKeyCode=8, nativeVirtualKeyCode=8)
+
     def screenshot(self, path: Path, selector: str) -> Path:
         """A PNG of the element (with a margin), e.g. the trigger dialog."""
         box = self._box(selector)
@@ -408,20 +418,23 @@ def test_the_trigger_form_in_chromium_starts_the_triage_dag_with_its_defaults(ap
         assert run["conf"] == defaults, f"the form sent {run['conf']}, the DAG's defaults are {defaults}"
         assert run["conf"]["output_root"] is None and run["conf"]["dry_run"] is True
 
-        # A list param emptied by hand: the form then holds null for it, which a plain "array" type counts as
-        # missing (Trigger disabled); the sample DAGs' lists are nullable, and null means "any", as [] does.
+        # A list or an object param emptied by hand: the form then holds null for it, which a plain "array" or
+        # "object" type counts as missing (Trigger disabled); the sample DAGs' optional lists and spark_conf are
+        # nullable, and null means what [] and {} mean.
         before = _runs(db, TRIAGE)
         _open_trigger_form(browser, base, TRIAGE, "babelqueue_conn_id")
         browser.clear("#element_replay_reasons")
+        browser.clear_editor("#element_spark_conf")
         disabled = browser.settled(f"document.querySelector('{SUBMIT}').disabled")
         shot = browser.screenshot(shots / f"trigger_form_{TRIAGE}_cleared.png", DIALOG)
-        assert disabled is False, f"Trigger is disabled once replay_reasons is emptied (see {shot})"
+        assert disabled is False, f"Trigger is disabled once replay_reasons and spark_conf are emptied (see {shot})"
         browser.click(SUBMIT)
         deadline = time.monotonic() + 30
         while not (new := {k: v for k, v in _runs(db, TRIAGE).items() if k not in before}):
             assert time.monotonic() < deadline, "no dag run was created within 30 s of pressing Trigger"
             time.sleep(0.5)
     [(run_id, run)] = new.items()
-    assert run["conf"]["replay_reasons"] in (None, []), run["conf"]
-    assert {k: v for k, v in run["conf"].items() if k != "replay_reasons"} == {
-        k: v for k, v in defaults.items() if k != "replay_reasons"}
+    assert run["conf"]["replay_reasons"] in (None, []) and run["conf"]["spark_conf"] in (None, {}), run["conf"]
+    emptied = ("replay_reasons", "spark_conf")
+    assert {k: v for k, v in run["conf"].items() if k not in emptied} == {
+        k: v for k, v in defaults.items() if k not in emptied}
