@@ -169,3 +169,16 @@ def test_a_lone_surrogate_in_a_handler_error_reaches_no_log_or_dead_letter(caplo
         text.encode("utf-8")  # raises on a lone surrogate
     [dead] = binding.browse_dead_letters("q")
     assert dead.envelope is not None and dead.envelope["dead_letter"]["error"] == "bad \ufffd text"
+
+
+def test_the_progress_line_names_dead_letter_reasons_as_plain_text(caplog: pytest.LogCaptureFixture) -> None:
+    """The summary's ``dead_lettered`` keys are plain strings, so a task log's progress line reads
+    ``'unknown_urn': 2``, not the enum's repr."""
+    binding = MemoryBinding()
+    for _ in range(2):
+        _publish_one(binding)
+    with caplog.at_level(logging.INFO, logger=QUIET.name):
+        summary = Consumer(binding, "orders", {}, log=QUIET).run(reserve_timeout=0, progress_every=1)
+    assert [type(key) for key in summary.as_dict()["dead_lettered"]] == [str]
+    progress = [m for m in caplog.messages if m.startswith("progress on orders")]
+    assert progress and progress[-1].endswith("'dead_lettered': {'unknown_urn': 2}}"), progress

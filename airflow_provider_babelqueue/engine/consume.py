@@ -213,7 +213,8 @@ class ConsumeSummary:
             "broker_errors": self.broker_errors,
             "results_dropped": self.results_dropped,
             "results_unserialisable": self.results_unserialisable,
-            "dead_lettered": dict(sorted(self.dead_lettered.items())),
+            # plain strings: a Reason key would print as <Reason.FAILED: 'failed'> in the progress lines
+            "dead_lettered": {str(reason): count for reason, count in sorted(self.dead_lettered.items())},
         }
 
 
