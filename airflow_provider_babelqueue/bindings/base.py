@@ -354,9 +354,12 @@ class Binding(abc.ABC):
         return None
 
     def browse_dead_letter_bytes(self, queue_name: str, start: int, stop: int) -> list[bytes] | None:
-        """The stored bytes of DLQ positions ``start``..``stop`` - 1 over every dead-letter source in reading order,
-        nothing reserved or removed, for a console's pages (which read what triage reads: the bytes). ``None``:
-        the binding reads no position but the head. By default :meth:`browse_dead_letter_raws`."""
+        """The bytes of DLQ positions ``start``..``stop`` - 1 over every dead-letter source in reading order,
+        nothing reserved or removed, for a console's pages (which read what triage reads: the bytes a drain
+        records). They are the stored bytes, but where a broker keeps a dead letter bare with its reason beside it
+        (the SQL table's columns): that one reads in the form the other DLQs hold (``bodies.dead_letter_view``),
+        and :meth:`discard_dead_letters` takes it in that form. ``None``: the binding reads no position but the
+        head. By default :meth:`browse_dead_letter_raws`."""
         return self.browse_dead_letter_raws(queue_name, start, stop)
 
     def dead_letter_bytes_after(self, queue_name: str, cursor: Any, count: int) -> tuple[list[bytes], Any] | None:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_babelqueue import envelope as bq
+from airflow_provider_babelqueue.core.peer import poison_wrapper
 from airflow_provider_babelqueue.hooks import get_hook
 from tests.bindings.conftest import reserve_all
 from tests.connections import SPECS
@@ -155,10 +156,13 @@ def test_one_dead_letter_is_its_exact_bytes(console: Console, conn_id: str) -> N
     assert one["entry"]["trace_id"] == one["envelope"]["trace_id"]
     poison = console.get("/dead-letters/3", conn_id=conn_id, queue_name=console.queue).json()
     assert poison["entry"]["poison"]
-    if conn_id == "bq_console_sqlite":  # the SQL table keeps the exact bytes: not UTF-8, so hex
-        assert poison["body_text"] is None and bytes.fromhex(poison["body_hex"]) == stored[3] == POISON
-    else:  # Redis stores them in the SDKs' poison wrapper (JSON text)
-        assert poison["body_hex"] is None and poison["body_text"].encode() == stored[3]
+    # Redis stores the SDKs' poison wrapper; the SQL table keeps the exact bytes with the reason, error and time in
+    # its columns, and reads as the same wrapper (what a drain and triage get): the consumer's error shows
+    assert poison["body_hex"] is None and poison["body_text"].encode() == stored[3]
+    wrapper = poison_wrapper(stored[3])
+    assert wrapper is not None and wrapper.raw == POISON
+    assert (poison["entry"]["error"], poison["dead_letter"]["error"]) == ("not JSON", "not JSON")
+    assert poison["entry"]["original_queue"] == console.queue and isinstance(poison["entry"]["failed_at"], int)
     assert console.get("/dead-letters/9", conn_id=conn_id, queue_name=console.queue).status_code == 404
 
 

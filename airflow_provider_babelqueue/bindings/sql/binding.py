@@ -39,7 +39,7 @@ from sqlalchemy.engine import Connection, Engine
 from ...core import envelope as bq
 from ...core.integers import INT64_MAX
 from ..base import Binding, BindingError, PublishBatchError, check_sizes
-from ..bodies import annotated_body, bumped_body, dead_letter_view
+from ..bodies import annotated_body, bumped_body
 from ..message import ReceivedMessage, parse_body, received_message
 from . import dead_letters
 from .config import SqlConfig
@@ -225,9 +225,7 @@ class SqlBinding(Binding):
         envelope, error, body_attempts = parse_body(body, self.decode_limit)
         if dead and (envelope is None or "dead_letter" not in envelope):
             # stored bare, its reason in the columns: read in the form the other brokers' DLQs hold
-            body = dead_letter_view(body, envelope, row.reason or "unknown", original_queue=row.queue,
-                                    attempts=row.attempts or 0, error=row.error, exception=row.exception,
-                                    failed_at=row.failed_at)
+            body = dead_letters.reader_body(body, row, envelope, decoded=True)
             envelope, error, body_attempts = parse_body(body)
         attempts = max(body_attempts, row.attempts or 0) if dead else body_attempts
         return ReceivedMessage(
