@@ -635,3 +635,25 @@ def test_hook_looks_nothing_up_when_constructed(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(BabelQueueRabbitMQHook, "get_connection", classmethod(explode))
     BabelQueueRabbitMQHook("anything")
+
+
+def test_a_zero_wait_consume_reads_the_queue_to_its_end(make: Make, admin: dict, queue: str) -> None:
+    """``reserve_timeout=0`` with ``stop_when_empty``: the run ends only when the queue is empty. After a batch's
+    acks free the prefetch window, the broker can answer the binding's ``basic.get`` with get-empty before the
+    pushes that refill the window reach the client. The binding then makes one more synchronous call, whose reply
+    comes after those pushes. Without that call, about one run in 40 here stopped after about 200 of the 400
+    messages, with the rest still queued. A race: each repetition is a chance to meet it, so the test runs the
+    consume 30 times."""
+    from airflow_provider_babelqueue.engine.consume import Consumer
+
+    bodies = [body_for(queue, n) for n in range(400)]
+    for attempt in range(30):
+        binding = make()
+        binding.publish_batch(bodies, queue)
+        seen: list[dict[str, Any]] = []
+        summary = Consumer(binding, queue, {"urn:babel:orders:created": seen.append}, batch_size=100,
+                           log=logging.getLogger("tests.rabbitmq")).run(reserve_timeout=0)
+        handled = sorted(envelope["data"]["n"] for envelope in seen)
+        assert (summary.handled, handled) == (400, list(range(400))), (attempt, summary.as_dict())
+        assert binding.depth(queue) == 0
+        binding.close()

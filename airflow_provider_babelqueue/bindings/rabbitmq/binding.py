@@ -662,6 +662,13 @@ class RabbitMQBinding(Binding):
                     if method is not None:
                         feed.waiting.append((method, props, body))
                         feed.sort()
+                    elif not feed.waiting:
+                        # Get-empty can overtake pushes: the broker's channel answers the get while the pushes the
+                        # queue sent before its answer still wait behind it (a window just freed by acks is refilled
+                        # with every ready message, so none is left to get). One more synchronous call on the
+                        # channel is answered after those pushes, which then come in first.
+                        self._consume.basic_qos(prefetch_count=feed.prefetch)
+                        self._connection.process_data_events(0)
                     if feed.waiting:
                         return self._hand_out(feed, queue_name, limit)
                     if end - time.monotonic() <= 0:
