@@ -347,7 +347,15 @@ class SqlBinding(Binding):
                 driver.execute(f"UPDATE {self._quoted(table)} SET reserved_at = ? WHERE id IN "
                                f"({','.join('?' * len(chunk))})", (token, *chunk))
         else:
-            rows = list(conn.exec_driver_sql(sql, params).all())
+            result = conn.exec_driver_sql(sql, params)
+            if dead:
+                rows = list(result.all())  # read by name (see _message)
+            else:
+                # the ready rows as the driver's own tuples, read by position: SQLAlchemy's Row per row cost about
+                # a tenth of the consumer's client CPU per batch; the statement still ran (and its errors were
+                # wrapped) through SQLAlchemy
+                rows = list(result.cursor.fetchall())
+                result.close()
             rows.sort(key=_BY_ID if dead else _BY_AVAILABLE_AT)  # RETURNING has no order; the statement ends so
         if not dead:
             ready = self._ready_message
