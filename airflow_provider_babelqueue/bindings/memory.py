@@ -186,6 +186,10 @@ class MemoryBinding(Binding):
     def release(self, message: ReceivedMessage, delay: float = 0) -> None:
         self._put_back(message, delay, counted=True)
 
+    def reservation_seconds(self, queue_name: str) -> float | None:
+        """A reservation is handed out again once ``visibility_timeout`` has passed."""
+        return self.config.visibility_timeout
+
     def hand_back(self, messages: Sequence[ReceivedMessage], delay: float = 0) -> None:
         for message in messages:
             self._put_back(message, delay, counted=False)

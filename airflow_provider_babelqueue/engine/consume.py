@@ -32,8 +32,10 @@ trip per message. Each message is still processed on its own: a handler's failur
 that message, at once. What a crash can cost is bounded: the handled but unsettled messages (at most one batch,
 and no more than ``settle_interval`` seconds of handling) come back and run again, as any at-least-once delivery does;
 an idempotency store makes those redeliveries no-ops. Nothing is lost: a message is settled only after its
-handler returned. A batch whose handlers are slow shrinks the next one (down to one message), so reservations do
-not outlive the broker's visibility timeout while they wait their turn.
+handler returned. A batch whose handlers are slow shrinks the next one (down to one message), and no handler
+starts once half of the binding's :meth:`~.Binding.reservation_seconds` has passed since the batch was reserved:
+the rest is handed back unhandled (``returned_unhandled``), so a reservation never outlives the broker's visibility
+timeout while it waits its turn, and parallel consumers do not both run it.
 
 Handlers' return values. A handler that returns something other than ``None`` has it kept, in handling order, as
 ``{"meta_id": ..., "urn": ..., "result": ...}`` in :attr:`ConsumeSummary.results` (what the operator returns to
@@ -53,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import random
 import time
 from collections import Counter
@@ -82,6 +85,9 @@ DEFAULT_BATCH_SIZE = 100
 DEFAULT_SETTLE_INTERVAL = 1.0
 #: A batch whose processing took longer than this halves the next batch (down to one message).
 _SLOW_BATCH_SECONDS = 5.0
+#: Share of a reservation's life after which a batch starts no more handlers (see Consumer._process_batch): the
+#: other half is for the handler already running and the settlement.
+_RESERVATION_SHARE = 0.5
 #: Seconds a message the filter did not take stays hidden after it is handed back. Long enough that a run walking
 #: a shared queue moves past the messages it handed back instead of meeting them again in its next reserves (a
 #: batch of 100 takes well under a second), short enough that the consumer a message is meant for gets it within
@@ -185,7 +191,9 @@ class ConsumeSummary:
     to XCom with :attr:`results` added.
 
     ``received`` counts the deliveries the filter took (all of them without a filter); ``unmatched`` the ones it
-    handed back, once per hand-back. ``results`` holds the handlers' return values (see the module docstring).
+    handed back, once per hand-back; ``returned_unhandled`` the ones of a slow batch handed back before their
+    handler started, because the batch's reservations were half over (they are received again later).
+    ``results`` holds the handlers' return values (see the module docstring).
     """
 
     received: int = 0
@@ -195,6 +203,7 @@ class ConsumeSummary:
     deleted_unknown: int = 0
     released_unknown: int = 0
     unmatched: int = 0
+    returned_unhandled: int = 0
     broker_errors: int = 0
     results_dropped: int = 0
     results_unserialisable: int = 0
@@ -210,6 +219,7 @@ class ConsumeSummary:
             "deleted_unknown": self.deleted_unknown,
             "released_unknown": self.released_unknown,
             "unmatched": self.unmatched,
+            "returned_unhandled": self.returned_unhandled,
             "broker_errors": self.broker_errors,
             "results_dropped": self.results_dropped,
             "results_unserialisable": self.results_unserialisable,
@@ -338,6 +348,7 @@ class Consumer:
         #: Who this run handed back (``meta.id``, or a hash of an undecodable body): a reserve that brings back only
         #: those brought nothing new, which ends a run that stops when the queue is empty.
         self._handed_back: set[str | int] = set()
+        self._fitted: int | None = None  # set when a batch handed back its tail: how many it handled in time
         self._result_bytes = 0
         self._results_full = False
         self._warned_unserialisable: set[tuple[str, str]] = set()
@@ -612,8 +623,8 @@ class Consumer:
                     if self.tracer is not None:
                         self.tracer.received(self.queue_name, batch, started, acked=len(acks),
                                              released=len(releases))
-                    began = time.monotonic()
-                    fresh = self._process_batch(batch)
+                    began = time.monotonic()  # the batch's reservations began at most a round trip before
+                    fresh = self._process_batch(batch, began)
                 except BindingError as exc:
                     self._pending()  # still reserved on the broker: they come back (see _settle)
                     self._unmatched = []
@@ -626,7 +637,9 @@ class Consumer:
                     idle = bool(batch)  # back at once (no delay): wait as an empty reserve would, rather than spin
                     continue
                 took = time.monotonic() - began
-                if took > _SLOW_BATCH_SECONDS and size > 1:
+                if self._fitted is not None:  # handed back its tail: the next batch is what fitted in this one
+                    size, self._fitted = max(1, min(size // 2, self._fitted)), None
+                elif took > _SLOW_BATCH_SECONDS and size > 1:
                     size = max(1, size // 2)  # slow handlers: fewer reservations wait their turn
                 elif took < _SLOW_BATCH_SECONDS / 4 and size < self.batch_size:
                     size = min(self.batch_size, size * 2)
@@ -654,21 +667,62 @@ class Consumer:
                 self.log.warning("could not hand back prefetched messages of %s: %s", self.queue_name, exc)
         return self.summary
 
-    def _process_batch(self, batch: list[ReceivedMessage]) -> bool:
+    def _process_batch(self, batch: list[ReceivedMessage], reserved: float | None = None) -> bool:
         """Process each message in order; the handled, failed and unmatched ones wait for the batch's settlement,
         which happens every :attr:`settle_interval` seconds too when handlers are slow. Returns whether the batch
-        brought anything new: a message this run did not hand back before."""
+        brought anything new: a message this run did not hand back before.
+
+        :param reserved: when the batch's reservations began (``time.monotonic()``). Once half the binding's
+            :meth:`~.Binding.reservation_seconds` has passed, no further handler starts: the rest of the batch is
+            handed back unhandled (see :meth:`_return_unstarted`), since the broker would soon hand those messages
+            to another reader while this one still held them.
+        """
         fresh = self.message_filter is None or any(self._identity(m) not in self._handed_back for m in batch)
         # process() without its tracing layer when there is none (and no subclass put its own process() there)
         plain = self.tracer is None and type(self).process is Consumer.process
         process = self._process if plain else self.process
-        since = time.monotonic()
-        for message in batch:
+        cutoff = math.inf
+        if reserved is not None and batch:
+            horizon = self._reservation_seconds()
+            if horizon is not None:
+                cutoff = reserved + horizon * _RESERVATION_SHARE
+        since = now = time.monotonic()
+        for index, message in enumerate(batch):
+            if index and now >= cutoff:  # the first always runs: every batch moves the queue on
+                self._return_unstarted(batch[index:], index)
+                break
             process(message)
-            if time.monotonic() - since >= self.settle_interval:
+            now = time.monotonic()
+            if now - since >= self.settle_interval:
                 self._settle()
-                since = time.monotonic()
+                since = now = time.monotonic()
         return bool(batch) and fresh
+
+    def _reservation_seconds(self) -> float | None:
+        """The binding's :meth:`~.Binding.reservation_seconds` for the queue; ``None`` (no cut-off) when the broker
+        cannot say now: the batch then runs as a batch whose reservations last."""
+        try:
+            return self.binding.reservation_seconds(self.queue_name)
+        except BindingError as exc:
+            self.log.debug("could not read how long reservations on %s last: %s", self.queue_name, exc)
+            return None
+
+    def _return_unstarted(self, rest: list[ReceivedMessage], handled: int) -> None:
+        """Hand back the messages of a batch whose handlers did not start in the first half of its reservations:
+        unhandled, their bytes and ``attempts`` unchanged, ready again at once. The next batch is no larger than
+        what fitted (``handled``). A broker error leaves them reserved: they come back when the reservation ends."""
+        self.summary.returned_unhandled += len(rest)
+        self._fitted = handled
+        if self._lines.allow("return"):
+            self.log.warning(
+                "handed back %d message(s) of %s unhandled: the batch's reservations were half over after %d "
+                "handled; the next batches are smaller (raise the binding's visibility timeout or lower batch_size "
+                "for handlers this slow)", len(rest), self.queue_name, handled)
+        try:
+            self.binding.hand_back(rest)
+        except BindingError as exc:
+            self.log.warning("could not hand back %d message(s) of %s; they come back when their reservation "
+                             "ends: %s", len(rest), self.queue_name, exc)
 
     @staticmethod
     def _pause(seconds: float, deadline: float | None) -> None:

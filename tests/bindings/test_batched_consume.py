@@ -390,6 +390,7 @@ def test_each_message_of_a_batch_gets_its_own_outcome(make_binding: Factory, bro
         "deleted_unknown": 0,
         "released_unknown": 0,
         "unmatched": 0,
+        "returned_unhandled": 0,
         "broker_errors": 0,
         "results_dropped": 0,
         "results_unserialisable": 0,
@@ -549,3 +550,62 @@ def test_batches_are_handled_in_publish_order(binding: Binding, queue_name: str,
         assert [len(got) for _, got in reserves] == [10, 10, 10, 5, 0]
     assert binding.depth(queue_name) == 0
     assert binding.reserve_many(queue_name, 100, timeout=0) == []
+
+
+def test_a_slow_batch_hands_back_what_it_cannot_start_before_its_reservations_are_half_over(
+        make_binding: Factory, broker: str, queue_name: str) -> None:
+    """Two consumers in parallel, handlers slow enough that a whole batch outlasts the reservations (one second;
+    RabbitMQ's and Pulsar's a lease of the binding's own): each consumer stops starting handlers once half of it is
+    over and hands the rest back unhandled, so no message runs twice, where before the tail of every batch ran on
+    both consumers. The batches shrink to what fits.
+
+    Service Bus gets three seconds (its real minimum is five): its hand-back sends a copy and then completes the
+    original, and on the double the first send of a binding takes a good part of a one-second lock."""
+    seconds = 3.0 if broker == "azure-service-bus" else VISIBILITY_TIMEOUT
+    bodies = bodies_for(queue_name, 12)
+    first = make_binding(visibility_timeout=seconds)
+    second = make_binding(visibility_timeout=seconds)
+    assert first.reservation_seconds(queue_name) == seconds
+    first.publish_batch(bodies, queue_name)
+    runs: list[int] = []
+    lock = threading.Lock()
+
+    def handler(env: dict[str, Any]) -> None:
+        with lock:
+            runs.append(env["data"]["n"])
+        time.sleep(0.15 * seconds)
+
+    summaries = []
+
+    def consume(binding: Binding) -> None:
+        consumer = Consumer(binding, queue_name, {URN: handler}, batch_size=6)
+        summaries.append(consumer.run(max_seconds=30, reserve_timeout=1.0))
+
+    workers = [threading.Thread(target=consume, args=(binding,)) for binding in (first, second)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
+    assert len(summaries) == 2
+    assert sorted(runs) == list(range(12)), f"ran twice: {sorted(n for n in set(runs) if runs.count(n) > 1)}"
+    assert sum(s.handled for s in summaries) == 12 and not any(s.dead_lettered or s.retried for s in summaries)
+    # six handlers of 0.15 of the reservation do not fit in half of it: the first batches handed back their tails
+    assert sum(s.returned_unhandled for s in summaries) >= 2
+    assert first.depth(queue_name) == 0
+
+
+def test_reservations_held_until_the_connection_closes_never_cut_a_batch(
+        make_binding: Factory, broker: str, queue_name: str) -> None:
+    """Without a lease RabbitMQ and Pulsar hand a delivery to nobody else while this reader holds it: a slow batch
+    runs whole. Elsewhere the broker's own timeout always applies (SQL and Redis 300 s by default, SQS the queue's
+    visibility timeout, Service Bus the lock duration)."""
+    binding = make_binding()
+    seconds = binding.reservation_seconds(queue_name)
+    if broker not in HELD_BY_CONNECTION:
+        assert seconds is not None and seconds > 0
+        return
+    assert seconds is None
+    binding.publish_batch(bodies_for(queue_name, 4), queue_name)
+    consumer = Consumer(binding, queue_name, {URN: lambda env: time.sleep(0.2)}, batch_size=4)
+    summary = consumer.run(max_messages=4, reserve_timeout=3.0)
+    assert summary.handled == 4 and summary.returned_unhandled == 0

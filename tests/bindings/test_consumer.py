@@ -49,6 +49,7 @@ def test_handled_messages_are_acked(binding: Binding, queue_name: str) -> None:
         "deleted_unknown": 0,
         "released_unknown": 0,
         "unmatched": 0,
+        "returned_unhandled": 0,
         "broker_errors": 0,
         "results_dropped": 0,
         "results_unserialisable": 0,

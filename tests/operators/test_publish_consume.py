@@ -81,6 +81,7 @@ def test_publish_then_consume_in_one_dag(conn_id: str) -> None:
         "deleted_unknown": 0,
         "released_unknown": 0,
         "unmatched": 0,
+        "returned_unhandled": 0,
         "broker_errors": 0,
         "results_dropped": 0,
         "results_unserialisable": 0,

@@ -74,6 +74,8 @@ logger = logging.getLogger(__name__)
 _SLICE = 1.0  # longest single receive: other threads' settles on the same receiver wait at most this long
 #: Seconds a plain dead-letter queue found missing is skipped before it is looked for again.
 _MISSING_RECHECK = 60.0
+#: Service Bus's lock duration for a queue created without one; what a consumer assumes before its first receive.
+_DEFAULT_LOCK_SECONDS = 60.0
 
 
 class AzureServiceBusBinding(Binding):
@@ -100,6 +102,7 @@ class AzureServiceBusBinding(Binding):
         self._senders: dict[str, tuple[Any, threading.Lock]] = {}
         self._receivers: dict[str, tuple[Any, threading.Lock]] = {}
         self._ensured: set[str] = set()
+        self._lock_seconds: dict[str, float] = {}  # queue -> the lock left at its last receive
         #: Plain dead-letter queues found absent (read as empty) → when; looked up again after a while.
         self._missing: dict[str, float] = {}
 
@@ -235,6 +238,9 @@ class AzureServiceBusBinding(Binding):
                     got = receiver.receive_messages(max_message_count=limit, max_wait_time=wait)
                 now = dt.datetime.now(dt.UTC)
                 live = [m for m in got if m.locked_until_utc is None or m.locked_until_utc > now]
+                locks = [m.locked_until_utc for m in live if m.locked_until_utc is not None]
+                if locks and not dead:  # a lock starts when the SDK takes the message, which can be earlier
+                    self._lock_seconds[queue] = (min(locks) - now).total_seconds()
                 if live or time.monotonic() >= deadline:
                     return [received_message(m, queue, dead, Receipt(key, m), source, self.decode_limit)
                             for m in live]
@@ -375,6 +381,12 @@ class AzureServiceBusBinding(Binding):
             if not self._caused_by(exc, "MessageLockLostError"):
                 raise
             logger.warning("Service Bus lock on %s expired (delivered again); nothing completed", message.queue_name)
+
+    def reservation_seconds(self, queue_name: str) -> float | None:
+        """What was left of the earliest lock of the last receive from the queue when it returned
+        (``locked_until_utc``: the SDK may have taken a message, and its lock started, before the receive); before
+        any, ``lock_duration`` when set, else Service Bus's default of 60 s."""
+        return self._lock_seconds.get(queue_name, self.config.lock_duration or _DEFAULT_LOCK_SECONDS)
 
     def hand_back(self, messages: Sequence[ReceivedMessage], delay: float = 0) -> None:
         """Send each message again as it is (bytes and application properties; scheduled ``delay`` s ahead), then

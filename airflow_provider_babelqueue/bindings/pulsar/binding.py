@@ -379,6 +379,11 @@ class PulsarBinding(Binding):
     def ack(self, message: ReceivedMessage) -> None:
         self._settle(message, "acknowledge a message of")
 
+    def reservation_seconds(self, queue_name: str) -> float | None:
+        """An unacknowledged message stays this consumer's until it closes, unless ``visibility_timeout`` sets a
+        lease."""
+        return self.config.visibility_timeout
+
     def hand_back(self, messages: Sequence[ReceivedMessage], delay: float = 0) -> None:
         """Publish each message again as it is (bytes and properties; ``deliver_after`` = delay), then acknowledge
         the original: the copy is a new message, so the subscription's redelivery count does not move. A dead

@@ -721,6 +721,10 @@ class RabbitMQBinding(Binding):
             if not message.from_dead_letter:
                 self.release(message, delay)
 
+    def reservation_seconds(self, queue_name: str) -> float | None:
+        """An unacked delivery stays this channel's until it closes, unless ``visibility_timeout`` sets a lease."""
+        return self.config.visibility_timeout
+
     def hand_back(self, messages: Sequence[ReceivedMessage], delay: float = 0) -> None:
         """Without a delay (and for dead letters), ``basic.nack`` with requeue: the delivery goes back where it was,
         unchanged, flagged ``redelivered`` (a quorum queue counts it in ``x-delivery-count``). With a delay, the

@@ -605,6 +605,10 @@ class RedisBinding(Binding):
         """:meth:`release` for many: one script per (processing list, target) and chunk, gated per member."""
         self._settle_many(self._release_groups([(message, delay) for message in messages]), "release reservations")
 
+    def reservation_seconds(self, queue_name: str) -> float | None:
+        """A reservation is swept back to the queue once ``visibility_timeout`` has passed."""
+        return self.config.visibility_timeout
+
     def hand_back(self, messages: Sequence[ReceivedMessage], delay: float = 0) -> None:
         """Back to the end of the ready list (``:delayed`` with a delay) as the very value that was reserved: the
         body, its frame and its ``attempts`` unchanged. One script per processing list and chunk, gated per member."""

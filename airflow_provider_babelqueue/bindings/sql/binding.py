@@ -524,6 +524,10 @@ class SqlBinding(Binding):
         on their receipts."""
         self.settle((), [(message, delay) for message in messages])
 
+    def reservation_seconds(self, queue_name: str) -> float | None:
+        """A reserved row is free again once its mark is ``visibility_timeout`` old."""
+        return self.config.visibility_timeout
+
     def hand_back(self, messages: Sequence[ReceivedMessage], delay: float = 0) -> None:
         """Un-reserve the rows as they are (payload and ``attempts`` untouched), ready again after ``delay``; one
         transaction, one UPDATE per (table, token) and 500 ids, gated on the token like every settle."""

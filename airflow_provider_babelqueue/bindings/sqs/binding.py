@@ -71,6 +71,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+#: SQS's visibility timeout for a queue created without one.
+_SQS_DEFAULT_VISIBILITY = 30.0
 
 #: Seconds a queue found missing is taken as missing before a read asks SQS again (a drain reads its sources
 #: many times a run; a DLQ that appears later is found within this time).
@@ -123,6 +125,7 @@ class SqsBinding(Binding):
         self._urls: dict[str, str] = {}
         self._missing: dict[str, float] = {}  # queue name -> when it was found missing (monotonic)
         self._policies: dict[str, tuple[str, str] | None] = {}  # queue -> its RedrivePolicy (target, account)
+        self._visibility: dict[str, float] = {}  # queue -> its VisibilityTimeout attribute, in seconds
 
     @property
     def client(self) -> Any:
@@ -573,6 +576,20 @@ class SqsBinding(Binding):
                         f"SQS {url}: deleting {len(refused)} of {len(chunk)} messages failed "
                         f"({refused[0].get('Code')}: {refused[0].get('Message')})"
                     )
+
+    def reservation_seconds(self, queue_name: str) -> float | None:
+        """The ``visibility_timeout`` sent with each receive; without one, the queue's own ``VisibilityTimeout``
+        (asked once per queue; SQS's default of 30 s while the queue is not found)."""
+        if self.config.visibility_timeout is not None:
+            return float(math.ceil(self.config.visibility_timeout))
+        seconds = self._visibility.get(queue_name)
+        if seconds is None:
+            url = self._find(queue_name)
+            value = None if url is None else self._attribute(url, "VisibilityTimeout", queue_name)
+            if value is None:
+                return _SQS_DEFAULT_VISIBILITY
+            seconds = self._visibility[queue_name] = float(value)
+        return seconds
 
     def hand_back(self, messages: Sequence[ReceivedMessage], delay: float = 0) -> None:
         """Make each message visible again after ``delay`` (ChangeMessageVisibility, whole seconds, up to 12 h): the
