@@ -349,6 +349,7 @@ class Consumer:
         #: those brought nothing new, which ends a run that stops when the queue is empty.
         self._handed_back: set[str | int] = set()
         self._fitted: int | None = None  # set when a batch handed back its tail: how many it handled in time
+        self._stop = False  # set by stop(): run() ends at the next message boundary
         self._result_bytes = 0
         self._results_full = False
         self._warned_unserialisable: set[tuple[str, str]] = set()
@@ -602,7 +603,7 @@ class Consumer:
             self.log.info("consuming %s: only messages where %s; the others are handed back unhandled, hidden "
                           "for %.1f s", self.queue_name, self.message_filter.describe(), self.unmatched_delay)
         try:
-            while max_messages is None or self.summary.received < max_messages:
+            while (max_messages is None or self.summary.received < max_messages) and not self._stop:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     break
@@ -688,6 +689,9 @@ class Consumer:
                 cutoff = reserved + horizon * _RESERVATION_SHARE
         since = now = time.monotonic()
         for index, message in enumerate(batch):
+            if self._stop:
+                self._return_unstarted(batch[index:], index, stopping=True)
+                break
             if index and now >= cutoff:  # the first always runs: every batch moves the queue on
                 self._return_unstarted(batch[index:], index)
                 break
@@ -698,6 +702,19 @@ class Consumer:
                 since = now = time.monotonic()
         return bool(batch) and fresh
 
+    def stop(self) -> None:
+        """Ask a running :meth:`run` to end at the next message boundary: the handler running now finishes, the
+        handled messages are settled, the ones of the batch not started are handed back unhandled (counted in
+        ``returned_unhandled``), and :meth:`run` returns its summary. It only sets a flag, so a signal handler or
+        another thread may call it (an Airflow task's ``on_kill``); a reserve already waiting on the broker
+        finishes its wait (``reserve_timeout``) first."""
+        self._stop = True
+
+    @property
+    def stopped(self) -> bool:
+        """Whether :meth:`stop` was called."""
+        return self._stop
+
     def _reservation_seconds(self) -> float | None:
         """The binding's :meth:`~.Binding.reservation_seconds` for the queue; ``None`` (no cut-off) when the broker
         cannot say now: the batch then runs as a batch whose reservations last."""
@@ -707,13 +724,16 @@ class Consumer:
             self.log.debug("could not read how long reservations on %s last: %s", self.queue_name, exc)
             return None
 
-    def _return_unstarted(self, rest: list[ReceivedMessage], handled: int) -> None:
-        """Hand back the messages of a batch whose handlers did not start in the first half of its reservations:
-        unhandled, their bytes and ``attempts`` unchanged, ready again at once. The next batch is no larger than
-        what fitted (``handled``). A broker error leaves them reserved: they come back when the reservation ends."""
+    def _return_unstarted(self, rest: list[ReceivedMessage], handled: int, *, stopping: bool = False) -> None:
+        """Hand back the messages of a batch whose handlers did not start in the first half of its reservations
+        (or before :meth:`stop`): unhandled, their bytes and ``attempts`` unchanged, ready again at once. The next
+        batch is no larger than what fitted (``handled``). A broker error leaves them reserved: they come back when
+        the reservation ends."""
         self.summary.returned_unhandled += len(rest)
         self._fitted = handled
-        if self._lines.allow("return"):
+        if stopping:
+            self.log.warning("stopping: handed back %d message(s) of %s unhandled", len(rest), self.queue_name)
+        elif self._lines.allow("return"):
             self.log.warning(
                 "handed back %d message(s) of %s unhandled: the batch's reservations were half over after %d "
                 "handled; the next batches are smaller (raise the binding's visibility timeout or lower batch_size "
@@ -740,6 +760,8 @@ class Consumer:
         deliveries); the idempotency store, when set, keeps its handler from running twice.
         """
         self.summary.broker_errors += 1
+        if self._stop:  # told to stop: what it holds comes back when its reservations end
+            raise exc
         now = time.monotonic()
         if self._outage_since is None:
             self._outage_since, self._outage_errors = now, 0

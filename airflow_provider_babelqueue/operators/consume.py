@@ -28,11 +28,17 @@ from ..observability import metrics
 from ..observability.tracing import tracer_for
 from ._params import is_template, is_unset, parse_list, parse_number
 
-__all__ = ["BabelQueueConsumeOperator", "DeadLettersProducedError", "resolve_handlers"]
+__all__ = ["BabelQueueConsumeOperator", "ConsumeStoppedError", "DeadLettersProducedError", "resolve_handlers"]
 
 
 class DeadLettersProducedError(BabelQueueError):
     """Raised after the run when ``fail_on_dead_letters`` is set and messages were dead-lettered."""
+
+
+class ConsumeStoppedError(BabelQueueError):
+    """Raised after a run that Airflow told to stop (``on_kill``: the task was marked failed or success, or its DAG
+    run stopped), once the handled messages are settled and the ones not started handed back: the task did not do
+    what it was asked, so it does not end as a success."""
 
 
 def resolve_handlers(handlers: Mapping[str, Callable[..., Any] | str]) -> dict[str, Callable[..., Any]]:
@@ -214,6 +220,7 @@ class BabelQueueConsumeOperator(BaseOperator):
         self.max_results = max_results
         self.max_result_bytes = max_result_bytes
         self.message_log_lines = check_message_log_lines(message_log_lines)
+        self._consumer: Consumer | None = None  # the run in progress, for on_kill
 
     def execute(self, context: Context) -> dict[str, Any]:
         handlers = resolve_handlers(self.handlers)
@@ -253,6 +260,7 @@ class BabelQueueConsumeOperator(BaseOperator):
                 tracer=tracer_for(binding, conn_id=self.babelqueue_conn_id),
                 message_log_lines=self.message_log_lines,
             )
+            self._consumer = consumer
             run = consumer.run(
                 max_messages=self.max_messages,
                 max_seconds=self.max_seconds,
@@ -260,6 +268,7 @@ class BabelQueueConsumeOperator(BaseOperator):
                 reserve_timeout=self.reserve_timeout,
             )
         finally:
+            self._consumer = None
             hook.close()
             if store_hook is not None and store_hook is not hook:
                 store_hook.close()
@@ -270,6 +279,10 @@ class BabelQueueConsumeOperator(BaseOperator):
         counts = run.as_dict()
         self.log.info("consumed %s: %s", self.queue_name, counts)
         summary = {**counts, "results": run.results}
+        if consumer.stopped:
+            raise ConsumeStoppedError(
+                f"consuming {self.queue_name} stopped because the task was told to stop; {counts['handled']} "
+                f"handled and settled, {counts['returned_unhandled']} handed back unhandled: {counts}")
         if self.fail_on_dead_letters and summary["dead_lettered"]:
             context["ti"].xcom_push(key="return_value", value=summary)
             raise DeadLettersProducedError(
@@ -277,6 +290,19 @@ class BabelQueueConsumeOperator(BaseOperator):
                 f"{self.queue_name}: {summary['dead_lettered']}"
             )
         return summary
+
+    def on_kill(self) -> None:
+        """Airflow stops the task (marked failed or success, its DAG run stopped): the consumer ends at the next
+        message boundary, settles what it handled and hands back the rest of its batch,
+        so those messages are ready again at once rather than after the broker's visibility timeout. Airflow waits
+        a few seconds before it kills the process; a handler running longer than that is cut off with it, and its
+        message comes back as after a crash. (An ``execution_timeout`` interrupts the run where it is instead: the
+        batch comes back as after a crash.)"""
+        consumer = self._consumer
+        if consumer is not None:
+            self.log.warning("stop requested: finishing the message in hand, then handing back the rest of %s",
+                             self.queue_name)
+            consumer.stop()
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage's ``OperatorLineage`` of the run (the provider's listener calls this when the task ended, and

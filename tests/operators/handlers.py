@@ -19,3 +19,14 @@ def order_total(envelope: dict[str, Any]) -> dict[str, Any]:
     """What a handler hands on to the next task: a small JSON result."""
     data = envelope["data"]
     return {"order_id": data["order_id"], "total": data["amount"] * 2}
+
+
+def record_then_terminate_at_third(envelope: dict[str, Any]) -> None:
+    """Record the message; at the third, send this process SIGTERM, as Airflow's supervisor does to a task that
+    was marked failed or whose run was stopped (its task runner then calls the operator's ``on_kill``)."""
+    import os
+    import signal
+
+    HANDLED.append(envelope)
+    if len(HANDLED) == 3:
+        os.kill(os.getpid(), signal.SIGTERM)
