@@ -237,11 +237,11 @@ class Binding(abc.ABC):
         binding's connection closes. Reservations already handed out are untouched. The default has none."""
 
     def reservation_seconds(self, queue_name: str) -> float | None:
-        """How long a message reserved from ``queue_name`` stays this reader's while it is unsettled, in seconds,
-        before the broker hands it out again to any reader; ``None`` when nothing hands it out meanwhile (it is
-        held until this binding's connection closes). A consumer stops starting handlers on a batch whose
-        reservations are half through this time and hands the rest back, so a slow batch is never handled twice
-        by parallel readers. The default is ``None``."""
+        """How long a message reserved from ``queue_name`` stays this reader's while it is unsettled, in seconds
+        from the start of the reserve call that took it, before the broker hands it out again to any reader;
+        ``None`` when nothing hands it out meanwhile (it is held until this binding's connection closes). A
+        consumer stops starting handlers on a batch whose reservations are half through this time and hands the
+        rest back, so a slow batch is never handled twice by parallel readers. The default is ``None``."""
         return None
 
     @abc.abstractmethod

@@ -618,14 +618,15 @@ class Consumer:
                         continue
                     # the previous batch is settled in the same call (one transaction on the SQL table)
                     acks, releases = self._pending()
+                    reserved = time.monotonic()  # the batch's reservations begin no earlier than this call
                     started = time.time_ns()
                     batch = self.binding.settle_and_reserve(self.queue_name, want, timeout, acks=acks,
                                                             releases=releases)
                     if self.tracer is not None:
                         self.tracer.received(self.queue_name, batch, started, acked=len(acks),
                                              released=len(releases))
-                    began = time.monotonic()  # the batch's reservations began at most a round trip before
-                    fresh = self._process_batch(batch, began)
+                    began = time.monotonic()
+                    fresh = self._process_batch(batch, reserved)
                 except BindingError as exc:
                     self._pending()  # still reserved on the broker: they come back (see _settle)
                     self._unmatched = []
@@ -673,7 +674,8 @@ class Consumer:
         which happens every :attr:`settle_interval` seconds too when handlers are slow. Returns whether the batch
         brought anything new: a message this run did not hand back before.
 
-        :param reserved: when the batch's reservations began (``time.monotonic()``). Once half the binding's
+        :param reserved: when the reserve that took the batch was called (``time.monotonic()``): its reservations
+            began no earlier (the broker may take them before its reply arrives). Once half the binding's
             :meth:`~.Binding.reservation_seconds` has passed, no further handler starts: the rest of the batch is
             handed back unhandled (see :meth:`_return_unstarted`), since the broker would soon hand those messages
             to another reader while this one still held them.

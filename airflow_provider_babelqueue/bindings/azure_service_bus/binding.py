@@ -228,7 +228,8 @@ class AzureServiceBusBinding(Binding):
 
         Waits in slices so other threads can settle on the same receiver meanwhile. A message whose lock
         expired while it sat in the SDK's buffer is dropped: Service Bus hands it out again anyway."""
-        deadline = time.monotonic() + max(timeout, self.config.min_receive_wait)
+        started = time.monotonic()
+        deadline = started + max(timeout, self.config.min_receive_wait)
         dead = source != "queue"
         with self._absent(source):
             key, receiver, lock = self._receiver(queue, source)
@@ -240,7 +241,7 @@ class AzureServiceBusBinding(Binding):
                 live = [m for m in got if m.locked_until_utc is None or m.locked_until_utc > now]
                 locks = [m.locked_until_utc for m in live if m.locked_until_utc is not None]
                 if locks and not dead:  # a lock starts when the SDK takes the message, which can be earlier
-                    self._lock_seconds[queue] = (min(locks) - now).total_seconds()
+                    self._lock_seconds[queue] = (min(locks) - now).total_seconds() + time.monotonic() - started
                 if live or time.monotonic() >= deadline:
                     return [received_message(m, queue, dead, Receipt(key, m), source, self.decode_limit)
                             for m in live]
@@ -384,8 +385,9 @@ class AzureServiceBusBinding(Binding):
 
     def reservation_seconds(self, queue_name: str) -> float | None:
         """What was left of the earliest lock of the last receive from the queue when it returned
-        (``locked_until_utc``: the SDK may have taken a message, and its lock started, before the receive); before
-        any, ``lock_duration`` when set, else Service Bus's default of 60 s."""
+        (``locked_until_utc``: the SDK may have taken a message, and its lock started, before the receive), plus
+        the receive's own time, so it counts from the call; before any, ``lock_duration`` when set, else Service
+        Bus's default of 60 s."""
         return self._lock_seconds.get(queue_name, self.config.lock_duration or _DEFAULT_LOCK_SECONDS)
 
     def hand_back(self, messages: Sequence[ReceivedMessage], delay: float = 0) -> None:
