@@ -17,6 +17,7 @@ __all__ = [
     "is_unset",
     "parse_count",
     "parse_flag",
+    "parse_json_text",
     "parse_list",
     "parse_names",
     "parse_number",
@@ -45,6 +46,26 @@ def parse_list(value: Any, name: str) -> list[str]:
     if not isinstance(value, Sequence | set | frozenset) or isinstance(value, str | bytes):
         raise ValueError(f"{name} must be a list of strings, got {value!r}")
     return [text for text in (str(item).strip() for item in value) if text]
+
+
+def parse_json_text(text: str, name: str, expected: str) -> Any:
+    """The value a templated field's rendered JSON text holds.
+
+    Jinja renders a dict or a list as Python text (``{'order_id': 1}``, ``[b'...']``), which is not JSON; the
+    error says how to get the value itself instead, since that is what the author meant.
+
+    :param expected: what the field takes, for the error (``"a dict or a list of dicts"``).
+    :raises ValueError: when the text is not JSON.
+    """
+    try:
+        return json.loads(text)
+    except ValueError:
+        shown = text if len(text) <= 80 else f"{text[:77]}..."
+        raise ValueError(
+            f"{name} must be {expected}; it was rendered to text that is not JSON: {shown!r}. A Jinja template "
+            "renders a dict or a list as Python text: pass the XComArg itself (e.g. extract.output), add "
+            "'| tojson' to the template, or set render_template_as_native_obj=True on the DAG."
+        ) from None
 
 
 def parse_names(value: Any, name: str) -> frozenset[str] | None:

@@ -13,12 +13,71 @@ from ..core import envelope as bq
 from ..hooks import DEFAULT_CONN_ID, get_hook
 from ..observability import metrics
 from ..observability.tracing import tracer_for
+from ._params import is_unset, parse_json_text
 
-__all__ = ["BabelQueuePublishOperator"]
+__all__ = ["BabelQueuePublishOperator", "payloads_of", "ready_envelopes_of"]
 
 
 def _meta_ids(bodies: list[bytes]) -> list[str]:
     return [bq.meta_id_of(bq.decode(body)) for body in bodies]
+
+
+def payloads_of(data: Any) -> list[Mapping[str, Any]]:
+    """The payloads ``data`` publishes, one per message, from what its template rendered.
+
+    :param data: a dict (one message), a list of dicts (a batch), their JSON text (``| tojson``), or ``None``
+        (one message with an empty payload, as when ``data`` is not given).
+    :raises ValueError: naming the item that is not a dict, or saying how to fix text that is not JSON. Text
+        that renders as unset (blank, ``"None"``) is refused rather than read as an empty payload: it is
+        what an unset param or a missing ``dag_run.conf`` key renders, and publishing an empty order in its
+        place would be a silent error.
+    """
+    if isinstance(data, str):
+        if is_unset(data):
+            raise ValueError(
+                f"data rendered to {data!r}, which is what an unset param or a missing dag_run.conf key renders; "
+                "give the payload, or {} for an empty one"
+            )
+        data = parse_json_text(data.strip(), "data", _PAYLOADS)
+    if data is None or isinstance(data, Mapping):
+        return [data or {}]
+    if not isinstance(data, Sequence) or isinstance(data, bytes | bytearray):
+        raise ValueError(f"data must be {_PAYLOADS}, got {type(data).__name__}")
+    for index, payload in enumerate(data):
+        if not isinstance(payload, Mapping):
+            raise ValueError(f"data[{index}] must be a dict (one message's payload), got {type(payload).__name__}")
+    return list(data)
+
+
+def ready_envelopes_of(envelopes: Any) -> list[Mapping[str, Any] | bytes | str]:
+    """The ready envelopes ``envelopes`` publishes, from what its template rendered.
+
+    :param envelopes: a list of envelope dicts or encoded envelopes (bytes or str), one envelope alone, or the
+        JSON text of either; the text of one envelope is kept as it is, so it is forwarded byte for byte.
+    :raises ValueError: for a value that holds no envelopes, or text that is not JSON.
+    """
+    if isinstance(envelopes, bytes | bytearray | str):
+        text = envelopes.decode("utf-8", "replace") if isinstance(envelopes, bytes | bytearray) else envelopes
+        if is_unset(text):
+            raise ValueError(f"envelopes rendered to {text!r}, which is what an unset param or XCom renders")
+        value = parse_json_text(text.strip(), "envelopes", _ENVELOPES)
+        if isinstance(value, dict):
+            return [bytes(envelopes) if isinstance(envelopes, bytes | bytearray) else envelopes]
+        envelopes = value
+    if isinstance(envelopes, Mapping):
+        return [envelopes]
+    if not isinstance(envelopes, Sequence):
+        raise ValueError(f"envelopes must be {_ENVELOPES}, got {type(envelopes).__name__}")
+    for index, item in enumerate(envelopes):
+        if not isinstance(item, Mapping | bytes | str):
+            raise ValueError(
+                f"envelopes[{index}] must be an envelope dict or its encoded bytes/str, got {type(item).__name__}"
+            )
+    return list(envelopes)
+
+
+_PAYLOADS = "a dict (one message) or a list of dicts (a batch)"
+_ENVELOPES = "a list of envelopes (dicts, or encoded bytes/str)"
 
 
 class BabelQueuePublishOperator(BaseOperator):
@@ -32,8 +91,10 @@ class BabelQueuePublishOperator(BaseOperator):
         the broker, so the same DAG works on any of them.
     :param queue_name: the logical queue (``meta.queue``) and where the messages go (templated).
     :param urn: the message identity consumers route on (templated).
-    :param data: the payload dict, or a list of payload dicts for a batch (templated).
-    :param envelopes: ready envelopes to publish as they are; mutually exclusive with ``urn``/``data``.
+    :param data: the payload dict, or a list of payload dicts for a batch (templated); rendered JSON text
+        (``{{ ... | tojson }}``) is read as JSON, since a template can only render text.
+    :param envelopes: ready envelopes to publish as they are (templated, JSON text as for ``data``); mutually
+        exclusive with ``urn``/``data``.
     :param trace_id: continue an existing trace (templated); by default every message starts a new one.
     :param delay: seconds before the messages become visible (single messages; a batch is sent at once).
     :param headers: broker headers for brokers that carry them (e.g. ``{"bq-replay-bypass": 1}``).
@@ -49,8 +110,8 @@ class BabelQueuePublishOperator(BaseOperator):
         queue_name: str,
         babelqueue_conn_id: str = DEFAULT_CONN_ID,
         urn: str | None = None,
-        data: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
-        envelopes: Sequence[Mapping[str, Any] | bytes | str] | None = None,
+        data: Mapping[str, Any] | Sequence[Mapping[str, Any]] | str | None = None,
+        envelopes: Sequence[Mapping[str, Any] | bytes | str] | Mapping[str, Any] | str | None = None,
         trace_id: str | None = None,
         delay: float = 0,
         headers: Mapping[str, Any] | None = None,
@@ -75,7 +136,7 @@ class BabelQueuePublishOperator(BaseOperator):
             span's trace while tracing)."""
         if self.envelopes is not None:
             bodies = []
-            for index, item in enumerate(self.envelopes):
+            for index, item in enumerate(ready_envelopes_of(self.envelopes)):
                 env = item if isinstance(item, Mapping) else bq.decode(item)
                 reason = bq.check(env)
                 if reason is not None:
@@ -84,12 +145,11 @@ class BabelQueuePublishOperator(BaseOperator):
                     item if isinstance(item, bytes) else bq.encode(env) if isinstance(item, Mapping) else item.encode()
                 )
             return bodies
-        payloads = [self.data] if isinstance(self.data, Mapping) else list(self.data or [])
         urn = self.urn
         assert urn is not None  # __init__ requires urn when envelopes is not given
         return [
             bq.encode(bq.make_envelope(urn, payload, queue_name=self.queue_name, trace_id=self.trace_id or trace_id))
-            for payload in payloads
+            for payload in payloads_of(self.data)
         ]
 
     def _shared_trace_id(self) -> str | None:
@@ -98,7 +158,7 @@ class BabelQueuePublishOperator(BaseOperator):
         if self.envelopes is None:
             return self.trace_id or None
         found = set()
-        for item in self.envelopes:
+        for item in ready_envelopes_of(self.envelopes):
             env = item if isinstance(item, Mapping) else bq.decode(item)
             found.add(env.get("trace_id") if isinstance(env.get("trace_id"), str) else None)
         return found.pop() if len(found) == 1 else None
@@ -122,7 +182,7 @@ class BabelQueuePublishOperator(BaseOperator):
                 ids = _meta_ids(bodies)
                 self._send(binding, bodies, self.headers)
             else:
-                count = 1 if isinstance(self.data, Mapping) else len(self.envelopes or self.data or [])
+                count = len(payloads_of(self.data) if self.envelopes is None else ready_envelopes_of(self.envelopes))
                 with tracer.send(self.queue_name, count, trace_id=self._shared_trace_id(), urn=self.urn) as span:
                     bodies = self._bodies(span.trace_id)
                     ids = _meta_ids(bodies)

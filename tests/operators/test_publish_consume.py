@@ -11,7 +11,7 @@ from airflow.sdk import DAG
 from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.hooks import get_hook
 from airflow_provider_babelqueue.operators.consume import BabelQueueConsumeOperator, resolve_handlers
-from airflow_provider_babelqueue.operators.publish import BabelQueuePublishOperator
+from airflow_provider_babelqueue.operators.publish import BabelQueuePublishOperator, payloads_of, ready_envelopes_of
 from tests.airflow_harness import run_dag, task_states, xcom
 from tests.connections import ALL, define
 from tests.operators import handlers
@@ -168,3 +168,101 @@ def test_consume_argument_errors() -> None:
         resolve_handlers({"u": "tests.operators.handlers.missing"})
     with pytest.raises(ValueError, match="must be a callable or a dotted path"):
         resolve_handlers({"u": 42})  # type: ignore[dict-item]
+
+
+def _taken(queue: str) -> list[bytes]:
+    """Every body on ``queue`` of the embedded default, in order (each acked)."""
+    hook = get_hook()
+    bodies = []
+    try:
+        binding = hook.get_binding()
+        while (message := binding.reserve(queue, timeout=0)) is not None:
+            bodies.append(message.body)
+            binding.ack(message)
+    finally:
+        hook.close()
+    return bodies
+
+
+def test_templated_json_text_is_published_as_json() -> None:
+    """A template renders text: ``| tojson`` text of payloads and of ready envelopes is read as JSON, and the
+    text of one encoded envelope is forwarded byte for byte."""
+    queue = f"orders-{uuid.uuid4().hex[:8]}"
+    ready = bq.encode(bq.make_envelope("urn:babel:orders:created", {"order_id": 9, "note": "ready"}, trace_id=TRACE))
+    with DAG(
+        f"bq_publish_json_text_{uuid.uuid4().hex[:6]}",
+        schedule=None,
+        start_date=datetime.datetime(2026, 1, 1),
+        params={"orders": [{"order_id": 1, "sku": "Ä-1"}, {"order_id": 2, "total": 12.5}], "ready": ready.decode()},
+    ) as dag:
+        batch = BabelQueuePublishOperator(
+            task_id="batch", queue_name=queue, urn="urn:babel:orders:created", data="{{ params.orders | tojson }}"
+        )
+        one = BabelQueuePublishOperator(task_id="one", queue_name=queue, envelopes="{{ params.ready }}")
+        listed = BabelQueuePublishOperator(
+            task_id="listed", queue_name=queue, envelopes="{{ [params.ready] | tojson }}"
+        )
+        batch >> one >> listed
+    run = run_dag(dag)
+    assert task_states(run) == {"batch": "success", "one": "success", "listed": "success"}
+    bodies = _taken(queue)
+    payloads = [bq.decode(body)["data"] for body in bodies[:2]]
+    assert payloads == [{"order_id": 1, "sku": "Ä-1"}, {"order_id": 2, "total": 12.5}]
+    assert bodies[2:] == [ready, ready]
+    assert xcom(run, "one") == xcom(run, "listed") == [bq.meta_id_of(bq.decode(ready))]
+
+
+def test_python_text_from_a_template_fails_the_task_and_publishes_nothing() -> None:
+    queue = f"orders-{uuid.uuid4().hex[:8]}"
+    with DAG(
+        f"bq_publish_py_text_{uuid.uuid4().hex[:6]}",
+        schedule=None,
+        start_date=datetime.datetime(2026, 1, 1),
+        params={"order": {"order_id": 1}},
+    ) as dag:
+        BabelQueuePublishOperator(task_id="publish", queue_name=queue, urn="urn:x", data="{{ params.order }}")
+    run = run_dag(dag)
+    assert task_states(run) == {"publish": "failed"}
+    assert _taken(queue) == []
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ("{'order_id': 1}", r"rendered to text that is not JSON: \"\{'order_id': 1\}\"\. .*\| tojson"),
+        ("None", r"data rendered to 'None', .*give the payload, or \{\} for an empty one"),
+        ("  ", r"data rendered to '  '"),
+        (5, r"data must be a dict \(one message\) or a list of dicts \(a batch\), got int"),
+        ([{"a": 1}, None], r"data\[1\] must be a dict \(one message's payload\), got NoneType"),
+        ('[{"a": 1}, "b"]', r"data\[1\] must be a dict"),
+    ],
+)
+def test_publish_data_errors_name_the_fix(data: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        BabelQueuePublishOperator(task_id="p", queue_name="q", urn="urn:x", data=data).execute({})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("envelopes", "message"),
+    [
+        ("[b'{\"job\":\"urn:x\"}']", r"envelopes must be a list of envelopes .* not JSON: .*_as_native_obj=True"),
+        ("None", r"envelopes rendered to 'None'"),
+        (7, r"envelopes must be a list of envelopes \(dicts, or encoded bytes/str\), got int"),
+        ([7], r"envelopes\[0\] must be an envelope dict or its encoded bytes/str, got int"),
+    ],
+)
+def test_publish_envelopes_errors_name_the_fix(envelopes: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        BabelQueuePublishOperator(task_id="p", queue_name="q", envelopes=envelopes).execute({})  # type: ignore[arg-type]
+
+
+def test_payloads_read_from_each_form() -> None:
+    assert payloads_of(None) == [{}]
+    assert payloads_of({"a": 1}) == [{"a": 1}]
+    assert payloads_of(' {"a": 1} ') == [{"a": 1}]
+    assert payloads_of('[{"a": 1}, {}]') == [{"a": 1}, {}]
+    assert payloads_of([]) == []
+    env = bq.make_envelope("urn:x", {})
+    assert ready_envelopes_of(env) == [env]
+    assert ready_envelopes_of(bq.encode(env)) == [bq.encode(env)]
+    assert ready_envelopes_of(bq.encode(env).decode()) == [bq.encode(env).decode()]
