@@ -7,6 +7,7 @@ engines take, with an error that names the parameter.
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 from collections.abc import Sequence
@@ -17,7 +18,7 @@ __all__ = [
     "is_unset",
     "parse_count",
     "parse_flag",
-    "parse_json_text",
+    "parse_rendered",
     "parse_list",
     "parse_names",
     "parse_number",
@@ -37,34 +38,45 @@ def is_template(value: Any) -> bool:
 
 
 def parse_list(value: Any, name: str) -> list[str]:
-    """A templated list, in order: a list/tuple/set, JSON list text, or comma-separated text; unset is ``[]``."""
+    """A templated list, in order: a list/tuple/set, its rendered text (JSON or Python's), or comma-separated
+    text; unset is ``[]``."""
     if is_unset(value):
         return []
     if isinstance(value, str):
         text = value.strip()
-        value = json.loads(text) if text.startswith("[") else [part.strip() for part in text.split(",")]
+        if text.startswith(("[", "(")):
+            value = parse_rendered(text, name, "a list of strings")
+        else:
+            value = [part.strip() for part in text.split(",")]
     if not isinstance(value, Sequence | set | frozenset) or isinstance(value, str | bytes):
         raise ValueError(f"{name} must be a list of strings, got {value!r}")
     return [text for text in (str(item).strip() for item in value) if text]
 
 
-def parse_json_text(text: str, name: str, expected: str) -> Any:
-    """The value a templated field's rendered JSON text holds.
+def parse_rendered(text: str, name: str, expected: str) -> Any:
+    """The value a templated field's rendered text stands for.
 
-    Jinja renders a dict or a list as Python text (``{'order_id': 1}``, ``[b'...']``), which is not JSON; the
-    error says how to get the value itself instead, since that is what the author meant.
+    A template renders text: JSON when the author wrote ``| tojson``, and Python's text of the value when not
+    (Jinja writes ``{{ params.order }}`` as ``{'order_id': 1}``, an XCom of bytes as ``[b'...']``). Python's text
+    of dicts, lists, strings, bytes, numbers, booleans and ``None`` reads back to exactly the value it was
+    written from, so both are taken; anything else (a datetime, a Decimal, an object) cannot be read back
+    faithfully and is refused with the ways to pass the value itself.
 
     :param expected: what the field takes, for the error (``"a dict or a list of dicts"``).
-    :raises ValueError: when the text is not JSON.
+    :raises ValueError: when the text is neither JSON nor a Python literal.
     """
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
+        pass
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         shown = text if len(text) <= 80 else f"{text[:77]}..."
         raise ValueError(
-            f"{name} must be {expected}; it was rendered to text that is not JSON: {shown!r}. A Jinja template "
-            "renders a dict or a list as Python text: pass the XComArg itself (e.g. extract.output), add "
-            "'| tojson' to the template, or set render_template_as_native_obj=True on the DAG."
+            f"{name} must be {expected}; it was rendered to text that is neither JSON nor a Python literal: "
+            f"{shown!r}. Pass the XComArg itself (e.g. extract.output), add '| tojson' to the template, or set "
+            "render_template_as_native_obj=True on the DAG."
         ) from None
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from collections.abc import Mapping, Sequence
@@ -16,7 +15,7 @@ from ..bindings.base import NotSupportedError
 from ..engine.drain import DrainSource, LocalFileSink, Sink, StreamSink, drain_dead_letters, file_name
 from ..hooks import DEFAULT_CONN_ID, get_hook
 from ..observability import metrics
-from ._params import parse_count
+from ._params import parse_count, parse_rendered
 
 __all__ = ["BabelQueueDrainDeadLettersOperator"]
 
@@ -25,11 +24,8 @@ _LOCAL_SCHEMES = ("", "file", "local")
 
 
 def _normalise_sources(sources: Any) -> list[tuple[str, str]]:
-    if isinstance(sources, str):  # a template rendered to JSON text
-        try:
-            sources = json.loads(sources)
-        except ValueError:
-            raise ValueError(f"sources must be a list of dicts or its JSON text, got {sources!r}") from None
+    if isinstance(sources, str):  # a template rendered to text
+        sources = parse_rendered(sources.strip(), "sources", "a list of dicts")
     if isinstance(sources, Mapping):
         sources = [sources]
     if not isinstance(sources, Sequence) or isinstance(sources, str | bytes) or not sources:

@@ -13,7 +13,7 @@ from ..core import envelope as bq
 from ..hooks import DEFAULT_CONN_ID, get_hook
 from ..observability import metrics
 from ..observability.tracing import tracer_for
-from ._params import is_unset, parse_json_text
+from ._params import is_unset, parse_rendered
 
 __all__ = ["BabelQueuePublishOperator", "payloads_of", "ready_envelopes_of"]
 
@@ -25,9 +25,10 @@ def _meta_ids(bodies: list[bytes]) -> list[str]:
 def payloads_of(data: Any) -> list[Mapping[str, Any]]:
     """The payloads ``data`` publishes, one per message, from what its template rendered.
 
-    :param data: a dict (one message), a list of dicts (a batch), their JSON text (``| tojson``), or ``None``
-        (one message with an empty payload, as when ``data`` is not given).
-    :raises ValueError: naming the item that is not a dict, or saying how to fix text that is not JSON. Text
+    :param data: a dict (one message), a list of dicts (a batch), their rendered text (JSON, or Python's text
+        of the value: see :func:`~._params.parse_rendered`), or ``None`` (one message with an empty payload, as
+        when ``data`` is not given).
+    :raises ValueError: naming the item that is not a dict, or saying how to fix text that cannot be read. Text
         that renders as unset (blank, ``"None"``) is refused rather than read as an empty payload: it is
         what an unset param or a missing ``dag_run.conf`` key renders, and publishing an empty order in its
         place would be a silent error.
@@ -38,7 +39,7 @@ def payloads_of(data: Any) -> list[Mapping[str, Any]]:
                 f"data rendered to {data!r}, which is what an unset param or a missing dag_run.conf key renders; "
                 "give the payload, or {} for an empty one"
             )
-        data = parse_json_text(data.strip(), "data", _PAYLOADS)
+        data = parse_rendered(data.strip(), "data", _PAYLOADS)
     if data is None or isinstance(data, Mapping):
         return [data or {}]
     if not isinstance(data, Sequence) or isinstance(data, bytes | bytearray):
@@ -53,16 +54,19 @@ def ready_envelopes_of(envelopes: Any) -> list[Mapping[str, Any] | bytes | str]:
     """The ready envelopes ``envelopes`` publishes, from what its template rendered.
 
     :param envelopes: a list of envelope dicts or encoded envelopes (bytes or str), one envelope alone, or the
-        JSON text of either; the text of one envelope is kept as it is, so it is forwarded byte for byte.
-    :raises ValueError: for a value that holds no envelopes, or text that is not JSON.
+        rendered text of either (as for ``data``); the text of one encoded envelope is kept as it is, so it is
+        forwarded byte for byte.
+    :raises ValueError: for a value that holds no envelopes, or text that cannot be read.
     """
     if isinstance(envelopes, bytes | bytearray | str):
         text = envelopes.decode("utf-8", "replace") if isinstance(envelopes, bytes | bytearray) else envelopes
         if is_unset(text):
             raise ValueError(f"envelopes rendered to {text!r}, which is what an unset param or XCom renders")
-        value = parse_json_text(text.strip(), "envelopes", _ENVELOPES)
+        value = parse_rendered(text.strip(), "envelopes", _ENVELOPES)
         if isinstance(value, dict):
             return [bytes(envelopes) if isinstance(envelopes, bytes | bytearray) else envelopes]
+        if isinstance(value, bytes | str):  # the text of one encoded envelope, quoted
+            return [value]
         envelopes = value
     if isinstance(envelopes, Mapping):
         return [envelopes]
@@ -91,9 +95,9 @@ class BabelQueuePublishOperator(BaseOperator):
         the broker, so the same DAG works on any of them.
     :param queue_name: the logical queue (``meta.queue``) and where the messages go (templated).
     :param urn: the message identity consumers route on (templated).
-    :param data: the payload dict, or a list of payload dicts for a batch (templated); rendered JSON text
-        (``{{ ... | tojson }}``) is read as JSON, since a template can only render text.
-    :param envelopes: ready envelopes to publish as they are (templated, JSON text as for ``data``); mutually
+    :param data: the payload dict, or a list of payload dicts for a batch (templated); a template renders
+        text, so rendered text is read back as JSON or as Python's text of the value.
+    :param envelopes: ready envelopes to publish as they are (templated, rendered text as for ``data``); mutually
         exclusive with ``urn``/``data``.
     :param trace_id: continue an existing trace (templated); by default every message starts a new one.
     :param delay: seconds before the messages become visible (single messages; a batch is sent at once).

@@ -20,6 +20,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 
 from ..spark import JOBS, is_local, job_path, recommended_conf
 from ..spark.class_archive import CLASS_ARCHIVE_ENV, archive_option, with_archive
+from ._params import is_unset, parse_list, parse_rendered
 from .links import BabelQueueReportLink
 from .pending import carried_over, move_into, waiting_files
 from .spark_connection import check_spark_connection, submit_path
@@ -45,14 +46,6 @@ def package_zip(folder: str | os.PathLike[str] | None = None) -> str:
             if "__pycache__" not in path.parts:
                 archive.write(path, Path(package.name) / path.relative_to(package))
     return str(target)
-
-
-def _as_list(value: Any) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    return [str(part) for part in value]
 
 
 class BabelQueueSparkTriageOperator(SparkSubmitOperator):
@@ -196,11 +189,11 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
             args += ["--carried-over", ",".join(path.rstrip("/").rsplit("/", 1)[-1] for path in self._carried)]
         for key in _POLICY:
             value = getattr(self, key)
-            if value is None or value == "":
+            if is_unset(value):
                 continue
             flag = "--" + key.replace("_", "-")
             if key in _LISTS:
-                names = _as_list(value)
+                names = parse_list(value, key)
                 if names:
                     args += [flag, ",".join(names)]
             else:
@@ -209,6 +202,14 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
 
     def _inputs(self) -> list[str]:
         paths = self.input_path
+        if isinstance(paths, str) and paths.lstrip().startswith(("[", "(")):
+            # a list rendered as text (JSON, or Python's); a path or glob such as "[ab]*.jsonl" stays a path
+            try:
+                listed = parse_rendered(paths.strip(), "input", "a path or a list of paths")
+            except ValueError:
+                listed = None
+            if isinstance(listed, list | tuple) and all(isinstance(path, str) for path in listed):
+                return [str(path) for path in listed]
         return [paths] if isinstance(paths, str) else [str(path) for path in paths or ()]
 
     def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override] # the job's summary, for XCom

@@ -25,7 +25,12 @@ def test_a_filtered_consume_task_returns_the_results_of_the_messages_it_took() -
         f"bq_consume_filter_{uuid.uuid4().hex[:6]}",
         schedule=None,
         start_date=datetime.datetime(2026, 1, 1),
-        params={"urns": "urn:babel:orders:*", "jsonpath": "$[?$.amount > 100]", "delay": "0.2"},
+        # a list param renders as Python's text of the list: ['urn:babel:orders:*', 'urn:babel:refunds:*']
+        params={
+            "urns": ["urn:babel:orders:*", "urn:babel:refunds:*"],
+            "jsonpath": "$[?$.amount > 100]",
+            "delay": "0.2",
+        },
     ) as dag:
         publish_orders = BabelQueuePublishOperator(task_id="publish_orders", queue_name=queue, urn=CREATED,
                                                    data=orders)

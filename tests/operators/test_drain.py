@@ -293,14 +293,17 @@ def test_browse_on_a_broker_that_cannot_is_refused_up_front(monkeypatch: pytest.
     assert binding.dead_letter_depth(queue_name) == 2 and list(tmp_path.iterdir()) == []
 
 
-def test_move_with_several_sources_into_one_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+@pytest.mark.parametrize("rendered", [json.dumps, str], ids=["json_text", "python_text"])
+def test_move_with_several_sources_into_one_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                 rendered: Callable[[Any], str]) -> None:
+    """``sources`` as a template renders it: JSON text (``| tojson``) or Python's text of the list."""
     first, second = MemoryBinding(), MemoryBinding()
     ids_a, ids_b = seed(first, "a", 3), seed(second, "b", 2)
     use_bindings(monkeypatch, drain_module, {"one": first, "two": second})
     operator = BabelQueueDrainDeadLettersOperator(
         task_id="move", destination=str(tmp_path / "all.jsonl"), batch_records=2,
-        sources=json.dumps([{"babelqueue_conn_id": "one", "queue_name": "a"},
-                            {"babelqueue_conn_id": "two", "queue_name": "b"}]),
+        sources=rendered([{"babelqueue_conn_id": "one", "queue_name": "a"},
+                          {"babelqueue_conn_id": "two", "queue_name": "b"}]),
     )
     result = operator.execute(context={})
     assert result == {"path": str(tmp_path / "all.jsonl"), "records": 5,
@@ -820,3 +823,10 @@ def test_pipelined_sources_into_object_storage_are_acked_only_after_the_close(re
     for name in (queue_name, f"{queue_name}-b"):
         assert redis_binding.dead_letter_depth(name) == 0
         assert_settled(redis_binding, name)
+
+
+def test_sources_text_that_cannot_be_read_names_the_fix() -> None:
+    operator = BabelQueueDrainDeadLettersOperator(task_id="d", destination="/tmp/unused.jsonl",
+                                                  sources="[{'queue_name': orders}]")
+    with pytest.raises(ValueError, match=r"sources must be a list of dicts; .*neither JSON nor a Python literal"):
+        operator.execute(context={})

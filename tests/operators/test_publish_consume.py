@@ -212,24 +212,36 @@ def test_templated_json_text_is_published_as_json() -> None:
     assert xcom(run, "one") == xcom(run, "listed") == [bq.meta_id_of(bq.decode(ready))]
 
 
-def test_python_text_from_a_template_fails_the_task_and_publishes_nothing() -> None:
+def test_python_text_of_a_value_publishes_it_and_other_text_fails_before_sending() -> None:
+    """Without ``| tojson`` Jinja writes Python's text of the value; it reads back exactly. A dict holding a
+    datetime renders text that cannot be read back: the task fails and nothing is sent."""
     queue = f"orders-{uuid.uuid4().hex[:8]}"
+    order = {"order_id": 1, "note": "it's \"quoted\" Ä", "paid": True, "coupon": None, "total": 0.1}
     with DAG(
         f"bq_publish_py_text_{uuid.uuid4().hex[:6]}",
         schedule=None,
         start_date=datetime.datetime(2026, 1, 1),
-        params={"order": {"order_id": 1}},
+        params={"order": order},
     ) as dag:
-        BabelQueuePublishOperator(task_id="publish", queue_name=queue, urn="urn:x", data="{{ params.order }}")
+        python_text = BabelQueuePublishOperator(
+            task_id="python_text", queue_name=queue, urn="urn:x", data="{{ params.order }}"
+        )
+        unreadable = BabelQueuePublishOperator(
+            task_id="unreadable", queue_name=queue, urn="urn:x", data="{{ {'at': macros.datetime(2026, 1, 1)} }}"
+        )
+        python_text >> unreadable
     run = run_dag(dag)
-    assert task_states(run) == {"publish": "failed"}
-    assert _taken(queue) == []
+    assert task_states(run) == {"python_text": "success", "unreadable": "failed"}
+    assert [bq.decode(body)["data"] for body in _taken(queue)] == [order]
 
 
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ("{'order_id': 1}", r"rendered to text that is not JSON: \"\{'order_id': 1\}\"\. .*\| tojson"),
+        (
+            "{'at': datetime.datetime(2026, 1, 1, 0, 0)}",
+            r"rendered to text that is neither JSON nor a Python literal: \"\{'at': datetime.*\| tojson",
+        ),
         ("None", r"data rendered to 'None', .*give the payload, or \{\} for an empty one"),
         ("  ", r"data rendered to '  '"),
         (5, r"data must be a dict \(one message\) or a list of dicts \(a batch\), got int"),
@@ -245,7 +257,7 @@ def test_publish_data_errors_name_the_fix(data: object, message: str) -> None:
 @pytest.mark.parametrize(
     ("envelopes", "message"),
     [
-        ("[b'{\"job\":\"urn:x\"}']", r"envelopes must be a list of envelopes .* not JSON: .*_as_native_obj=True"),
+        ("[Envelope()]", r"envelopes must be a list of envelopes .* a Python literal: .*_as_native_obj=True"),
         ("None", r"envelopes rendered to 'None'"),
         (7, r"envelopes must be a list of envelopes \(dicts, or encoded bytes/str\), got int"),
         ([7], r"envelopes\[0\] must be an envelope dict or its encoded bytes/str, got int"),
@@ -266,3 +278,6 @@ def test_payloads_read_from_each_form() -> None:
     assert ready_envelopes_of(env) == [env]
     assert ready_envelopes_of(bq.encode(env)) == [bq.encode(env)]
     assert ready_envelopes_of(bq.encode(env).decode()) == [bq.encode(env).decode()]
+    assert ready_envelopes_of(str([bq.encode(env)])) == [bq.encode(env)]  # an XCom of bytes, rendered
+    assert ready_envelopes_of(str(bq.encode(env))) == [bq.encode(env)]
+    assert payloads_of("[{'a': 1}, {'b': (2, 3)}]") == [{"a": 1}, {"b": (2, 3)}]

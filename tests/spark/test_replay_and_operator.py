@@ -107,6 +107,13 @@ def test_operator_builds_the_job_command() -> None:
         op.reasons = op.exception_types = empty
         assert op.job_args() == ["--input", "a", "b/*.parquet", "--output", "out", "--max-attempts", "5",
                                  "--min-age-seconds", "60"], empty
+    # templates render lists as text: JSON (| tojson) or Python's text of the list; "None" is an unset param
+    op.reasons, op.exception_types, op.max_attempts = "['failed', 'unknown_urn']", '["GatewayTimeout"]', "None"
+    op.input_path = "['a', 'b/*.parquet']"
+    assert op.job_args() == ["--input", "a", "b/*.parquet", "--output", "out", "--reasons", "failed,unknown_urn",
+                             "--exception-types", "GatewayTimeout", "--min-age-seconds", "60"]
+    op.input_path = "[ab]*.jsonl"  # a glob, not a list
+    assert op.job_args()[:2] == ["--input", "[ab]*.jsonl"]
     triage = BabelQueueSparkTriageOperator(task_id="t2", job="triage", input="in", output="o", source_broker="redis",
                                            report_output="r", env_vars={"PYSPARK_PYTHON": "python3"})
     assert triage.job_args() == ["--input", "in", "--output", "o", "--source-broker", "redis", "--report-output", "r"]
