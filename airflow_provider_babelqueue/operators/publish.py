@@ -35,10 +35,7 @@ def payloads_of(data: Any) -> list[Mapping[str, Any]]:
     """
     if isinstance(data, str):
         if is_unset(data):
-            raise ValueError(
-                f"data rendered to {data!r}, which is what an unset param or a missing dag_run.conf key renders; "
-                "give the payload, or {} for an empty one"
-            )
+            raise _rendered_unset("data", data, "give the payload, or {} for an empty one")
         data = parse_rendered(data.strip(), "data", _PAYLOADS)
     if data is None or isinstance(data, Mapping):
         return [data or {}]
@@ -61,7 +58,7 @@ def ready_envelopes_of(envelopes: Any) -> list[Mapping[str, Any] | bytes | str]:
     if isinstance(envelopes, bytes | bytearray | str):
         text = envelopes.decode("utf-8", "replace") if isinstance(envelopes, bytes | bytearray) else envelopes
         if is_unset(text):
-            raise ValueError(f"envelopes rendered to {text!r}, which is what an unset param or XCom renders")
+            raise _rendered_unset("envelopes", text, "give the envelopes, or [] to publish nothing")
         value = parse_rendered(text.strip(), "envelopes", _ENVELOPES)
         if isinstance(value, dict):
             return [bytes(envelopes) if isinstance(envelopes, bytes | bytearray) else envelopes]
@@ -78,6 +75,13 @@ def ready_envelopes_of(envelopes: Any) -> list[Mapping[str, Any] | bytes | str]:
                 f"envelopes[{index}] must be an envelope dict or its encoded bytes/str, got {type(item).__name__}"
             )
     return list(envelopes)
+
+
+def _rendered_unset(name: str, text: str, fix: str) -> ValueError:
+    return ValueError(
+        f"{name} rendered to {text!r}, which is what an unset param, a missing dag_run.conf key or an empty XCom "
+        f"renders; {fix}"
+    )
 
 
 _PAYLOADS = "a dict (one message) or a list of dicts (a batch)"
@@ -99,7 +103,8 @@ class BabelQueuePublishOperator(BaseOperator):
         text, so rendered text is read back as JSON or as Python's text of the value.
     :param envelopes: ready envelopes to publish as they are (templated, rendered text as for ``data``); mutually
         exclusive with ``urn``/``data``.
-    :param trace_id: continue an existing trace (templated); by default every message starts a new one.
+    :param trace_id: continue an existing trace (templated); by default, and when it renders as unset (``None``,
+        blank), every message starts a new one.
     :param delay: seconds before the messages become visible (single messages; a batch is sent at once).
     :param headers: broker headers for brokers that carry them (e.g. ``{"bq-replay-bypass": 1}``).
     """
@@ -149,18 +154,25 @@ class BabelQueuePublishOperator(BaseOperator):
                     item if isinstance(item, bytes) else bq.encode(env) if isinstance(item, Mapping) else item.encode()
                 )
             return bodies
-        urn = self.urn
+        urn, trace_id = self.urn, self._trace_id() or trace_id
         assert urn is not None  # __init__ requires urn when envelopes is not given
+        if urn.strip() == "None":
+            raise _rendered_unset("urn", urn, "give the message's URN")
         return [
-            bq.encode(bq.make_envelope(urn, payload, queue_name=self.queue_name, trace_id=self.trace_id or trace_id))
+            bq.encode(bq.make_envelope(urn, payload, queue_name=self.queue_name, trace_id=trace_id))
             for payload in payloads_of(self.data)
         ]
+
+    def _trace_id(self) -> str | None:
+        """The ``trace_id`` to continue: ``None`` (a new trace per message) when the template rendered as unset,
+        as ``{{ dag_run.conf.get('trace_id') }}`` does for a run started without one."""
+        return None if is_unset(self.trace_id) else self.trace_id
 
     def _shared_trace_id(self) -> str | None:
         """The ``trace_id`` all messages of this call continue, when they share one (the producer span then joins
         that trace); ``None`` when they start new ones or differ."""
         if self.envelopes is None:
-            return self.trace_id or None
+            return self._trace_id()
         found = set()
         for item in ready_envelopes_of(self.envelopes):
             env = item if isinstance(item, Mapping) else bq.decode(item)

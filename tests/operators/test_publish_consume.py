@@ -281,3 +281,28 @@ def test_payloads_read_from_each_form() -> None:
     assert ready_envelopes_of(str([bq.encode(env)])) == [bq.encode(env)]  # an XCom of bytes, rendered
     assert ready_envelopes_of(str(bq.encode(env))) == [bq.encode(env)]
     assert payloads_of("[{'a': 1}, {'b': (2, 3)}]") == [{"a": 1}, {"b": (2, 3)}]
+
+
+@pytest.mark.parametrize("conf", [{}, {"trace_id": TRACE}], ids=["no_conf", "conf_trace"])
+def test_the_documented_trace_id_template_continues_a_trace_or_starts_new_ones(conf: dict) -> None:
+    """``trace_id="{{ dag_run.conf.get('trace_id') }}"`` renders ``None`` in a run started without one: each
+    message then starts its own trace, as when ``trace_id`` is not given."""
+    queue = f"orders-{uuid.uuid4().hex[:8]}"
+    start = datetime.datetime(2026, 1, 1)
+    with DAG(f"bq_publish_trace_{uuid.uuid4().hex[:6]}", schedule=None, start_date=start) as dag:
+        BabelQueuePublishOperator(
+            task_id="publish", queue_name=queue, urn="urn:x", data=[{"n": 1}, {"n": 2}],
+            trace_id="{{ dag_run.conf.get('trace_id') }}",
+        )
+    run = run_dag(dag, run_conf=conf)
+    assert task_states(run) == {"publish": "success"}
+    traces = [bq.decode(body)["trace_id"] for body in _taken(queue)]
+    if conf:
+        assert traces == [TRACE, TRACE]
+    else:
+        assert len(set(traces)) == 2 and all(uuid.UUID(trace).version == 4 for trace in traces)
+
+
+def test_an_urn_rendered_as_none_fails_before_sending() -> None:
+    with pytest.raises(ValueError, match=r"urn rendered to 'None', .* give the message's URN"):
+        BabelQueuePublishOperator(task_id="p", queue_name="q", urn="None", data={}).execute({})
