@@ -121,5 +121,6 @@ def parse_flag(value: Any, name: str) -> bool:
 
 
 def text_or_none(value: Any) -> str | None:
-    """``value`` when it is a non-blank string, else ``None``."""
-    return value if isinstance(value, str) and value.strip() else None
+    """``value`` when it is a string that is set (not blank, not the ``"None"`` an unset param renders), else
+    ``None``: an optional name (a target queue, a store) must never become a queue or store called "None"."""
+    return value if isinstance(value, str) and not is_unset(value) else None

@@ -26,7 +26,7 @@ from ..engine.logs import DEFAULT_MESSAGE_LOG_LINES, check_message_log_lines
 from ..hooks import DEFAULT_CONN_ID, get_hook
 from ..observability import metrics
 from ..observability.tracing import tracer_for
-from ._params import is_template, is_unset, parse_list, parse_number
+from ._params import is_template, is_unset, parse_list, parse_number, text_or_none
 
 __all__ = ["BabelQueueConsumeOperator", "ConsumeStoppedError", "DeadLettersProducedError", "resolve_handlers"]
 
@@ -238,7 +238,9 @@ class BabelQueueConsumeOperator(BaseOperator):
                 store_hook = (
                     hook if self.idempotency_conn_id == self.babelqueue_conn_id else get_hook(self.idempotency_conn_id)
                 )
-                store = store_hook.get_binding().seen_store(self.idempotency_store or f"consume:{self.queue_name}")
+                store = store_hook.get_binding().seen_store(
+                    text_or_none(self.idempotency_store) or f"consume:{self.queue_name}"
+                )
             binding = hook.get_binding()
             consumer = Consumer(
                 binding,

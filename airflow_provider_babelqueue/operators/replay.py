@@ -218,8 +218,8 @@ class BabelQueueReplayOperator(BaseOperator):
         dry_run = parse_flag(self.replay_dry_run, "dry_run")
         max_messages = parse_count(self.max_messages, "max_messages")
         target_queue = text_or_none(self.target_queue_name)
-        target_conn = self.target_conn_id or self.source_conn_id
-        ledger_conn = self.ledger_conn_id or target_conn
+        target_conn = text_or_none(self.target_conn_id) or self.source_conn_id
+        ledger_conn = text_or_none(self.ledger_conn_id) or target_conn
         with ExitStack() as stack:
             hooks: dict[str, Any] = {}
 
@@ -282,4 +282,4 @@ class BabelQueueReplayOperator(BaseOperator):
         return to_operator_lineage(replay_lineage(
             source_conn_id=self.source_conn_id, queue_name=None if is_unset(self.queue_name) else str(self.queue_name),
             replay_set=None if is_unset(self.replay_set) else str(self.replay_set),
-            target_conn_id=self.target_conn_id or self.source_conn_id, result=run_result(task_instance)))
+            target_conn_id=text_or_none(self.target_conn_id) or self.source_conn_id, result=run_result(task_instance)))

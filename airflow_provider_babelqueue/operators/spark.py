@@ -30,6 +30,7 @@ __all__ = ["BabelQueueSparkTriageOperator", "package_zip"]
 _POLICY = ("reasons", "urns", "exception_types", "original_queues", "max_attempts", "min_age_seconds",
            "max_age_seconds", "now_ms")
 _LISTS = ("reasons", "urns", "exception_types", "original_queues")
+_OPTIONAL_PATHS = ("report_output", "pending", "archive_to", "class_archive", "source_broker")
 
 
 def package_zip(folder: str | os.PathLike[str] | None = None) -> str:
@@ -181,9 +182,9 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
         if not inputs or not all(inputs) or not self.output_path:
             raise ValueError("input and output must not be empty")
         args = ["--input", *inputs, "--output", str(self.output_path)]
-        if self.source_broker:
+        if not is_unset(self.source_broker):
             args += ["--source-broker", str(self.source_broker)]
-        if self.report_output:
+        if not is_unset(self.report_output):
             args += ["--report-output", str(self.report_output)]
         if self._carried:
             args += ["--carried-over", ",".join(path.rstrip("/").rsplit("/", 1)[-1] for path in self._carried)]
@@ -213,6 +214,9 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
         return [paths] if isinstance(paths, str) else [str(path) for path in paths or ()]
 
     def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override] # the job's summary, for XCom
+        for key in _OPTIONAL_PATHS:  # a template that rendered as unset ("None", blank) was not given
+            if is_unset(getattr(self, key)):
+                setattr(self, key, None)
         self._conn_id = self.conn_id
         # before any work: a missing or unusable connection fails here, naming it and how to define it
         os.environ["PATH"] = submit_path()  # the venv's spark-submit, for a worker started without it on PATH

@@ -30,7 +30,7 @@ from ..engine.fingerprints import (
 )
 from ..hooks import DEFAULT_CONN_ID, get_hook
 from ..observability.metrics import gauge_dlq_depth
-from ..operators._params import is_template, is_unset, parse_list
+from ..operators._params import is_template, is_unset, parse_count, parse_list
 from ..triggers.queue import BabelQueueDeadLetterTrigger, BabelQueueDepthTrigger
 
 __all__ = ["BabelQueueDeadLetterSensor", "BabelQueueQueueDepthSensor"]
@@ -145,13 +145,18 @@ class BabelQueueQueueDepthSensor(_BabelQueueSensor):
         self.consecutive = consecutive
         self.observation_interval = observation_interval
 
+    def _threshold(self) -> int:
+        """The rendered threshold; a template that renders as unset means the default, 1."""
+        threshold = parse_count(self.threshold, "threshold")
+        return 1 if threshold is None else threshold
+
     def _status(self) -> Any:
         return depth_status(
             self.binding,
             self.queue_name,
             which=self.which,
             comparison=self.comparison,
-            threshold=int(self.threshold),
+            threshold=self._threshold(),
             consecutive=self.consecutive,
             interval=self.observation_interval,
         )
@@ -187,7 +192,7 @@ class BabelQueueQueueDepthSensor(_BabelQueueSensor):
                 babelqueue_conn_id=self.babelqueue_conn_id,
                 which=self.which,
                 comparison=self.comparison,
-                threshold=int(self.threshold),
+                threshold=self._threshold(),
                 consecutive=self.consecutive,
                 observation_interval=self.observation_interval,
                 poll_interval=self._poll_interval(),
@@ -299,8 +304,9 @@ class BabelQueueDeadLetterSensor(_BabelQueueSensor):
         self._start_depth: int | None = None
 
     def _baseline(self) -> int | None:
-        if self.baseline is not None:
-            return int(self.baseline)
+        baseline = parse_count(self.baseline, "baseline")  # None too when a template rendered as unset
+        if baseline is not None:
+            return baseline
         if not self.new_only:
             return None
         if self._start_depth is None:

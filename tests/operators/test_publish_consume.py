@@ -306,3 +306,21 @@ def test_the_documented_trace_id_template_continues_a_trace_or_starts_new_ones(c
 def test_an_urn_rendered_as_none_fails_before_sending() -> None:
     with pytest.raises(ValueError, match=r"urn rendered to 'None', .* give the message's URN"):
         BabelQueuePublishOperator(task_id="p", queue_name="q", urn="None", data={}).execute({})
+
+
+def test_an_idempotency_store_rendered_as_unset_is_the_default_store() -> None:
+    queue = f"orders-{uuid.uuid4().hex[:8]}"
+    ids = BabelQueuePublishOperator(task_id="p", queue_name=queue, urn="urn:x",
+                                    data=[{"order_id": n, "amount": n} for n in (1, 2)]).execute({})
+    summary = BabelQueueConsumeOperator(
+        task_id="c", queue_name=queue, handlers={"urn:x": "tests.operators.handlers.order_total"},
+        idempotency_conn_id="babelqueue_default", idempotency_store="None", reserve_timeout=0,
+    ).execute({})
+    assert summary["handled"] == 2
+    hook = get_hook()
+    try:
+        binding = hook.get_binding()
+        assert [binding.seen_store(f"consume:{queue}").seen(meta_id) for meta_id in ids] == [True, True]
+        assert not any(binding.seen_store("None").seen(meta_id) for meta_id in ids)
+    finally:
+        hook.close()

@@ -391,6 +391,19 @@ def test_explicit_ledger_and_max_messages(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert rest["replayed"] == 3 and binding.dead_letter_depth("orders") == 0
 
 
+def test_optional_names_rendered_as_unset_are_not_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``{{ params.target_queue }}`` for an unset param renders ``None``: the dead letters go back to their own
+    queue on the source connection, with the default ledger, never to a queue called "None"."""
+    binding = MemoryBinding()
+    seed_good(binding, "orders", 3)
+    use_bindings(monkeypatch, replay_module, {"bq": binding})
+    result = run_replay(source_conn_id="bq", queue_name="orders", target_queue_name="None", target_conn_id="None",
+                        ledger_conn_id=" ", ledger_name="None")
+    assert result["replayed"] == 3 and result["targets"] == {"orders": 3}
+    assert binding.depth("orders") == 3 and binding.depth("None") == 0
+    assert len(binding.seen_store("replay:orders")) == 3 and len(binding.seen_store("None")) == 0
+
+
 def test_validation_errors() -> None:
     with pytest.raises(ValueError, match="either queue_name"):
         BabelQueueReplayOperator(task_id="r")

@@ -108,6 +108,38 @@ def test_depth_sensor_with_consecutive_observations() -> None:
     sensor._close()
 
 
+def test_rendered_threshold_and_baseline() -> None:
+    """A template renders text: a number's text counts, the ``None`` an unset param renders means the default,
+    and anything else fails naming the parameter."""
+    queue = f"sense-{uuid.uuid4().hex[:8]}"
+    hook = get_hook()
+    binding = hook.get_binding()
+    binding.publish(bq.encode(bq.make_envelope("urn:x", {})), queue)
+    binding.dead_letter(binding.reserve(queue, timeout=1), "unknown_urn")
+    binding.publish(bq.encode(bq.make_envelope("urn:x", {})), queue)
+    hook.close()
+
+    def poke(threshold: str) -> tuple[bool, int]:
+        sensor = BabelQueueQueueDepthSensor(task_id="s", queue_name=queue, threshold=threshold, deferrable=False)  # type: ignore[arg-type]
+        try:
+            value = sensor.poke({})
+        finally:
+            sensor._close()
+        return value.is_done, value.xcom_value
+
+    assert poke("1") == (True, 1) and poke(" 2 ") == (False, 1) and poke("None") == (True, 1)
+    with pytest.raises(ValueError, match="threshold must be a whole number, got 'many'"):
+        poke("many")
+    with pytest.raises(ValueError, match="threshold must not be negative, got '-1'"):
+        poke("-1")
+    for baseline, done in (("None", True), ("1", False), ("0", True)):
+        sensor = BabelQueueDeadLetterSensor(task_id="d", queue_name=queue, baseline=baseline, deferrable=False)  # type: ignore[arg-type]
+        try:
+            assert sensor.poke({}).is_done is done, baseline
+        finally:
+            sensor._close()
+
+
 def test_new_only_in_reschedule_mode_needs_a_baseline() -> None:
     with pytest.raises(ValueError, match="new_only needs a baseline"):
         BabelQueueDeadLetterSensor(task_id="s", queue_name="q", new_only=True, mode="reschedule", deferrable=False)

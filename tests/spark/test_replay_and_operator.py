@@ -117,6 +117,9 @@ def test_operator_builds_the_job_command() -> None:
     triage = BabelQueueSparkTriageOperator(task_id="t2", job="triage", input="in", output="o", source_broker="redis",
                                            report_output="r", env_vars={"PYSPARK_PYTHON": "python3"})
     assert triage.job_args() == ["--input", "in", "--output", "o", "--source-broker", "redis", "--report-output", "r"]
+    triage.source_broker, triage.report_output = "None", " "  # rendered from unset params: no flag
+    assert triage.job_args() == ["--input", "in", "--output", "o"]
+    triage.source_broker, triage.report_output = "redis", "r"
     with pytest.raises(ValueError, match="pending and archive_to go together"):
         BabelQueueSparkTriageOperator(task_id="t5", job="triage", input="i", output="o", pending="p")
     with pytest.raises(ValueError, match="only apply to job='triage'"):
