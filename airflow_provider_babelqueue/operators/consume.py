@@ -26,7 +26,7 @@ from ..engine.logs import DEFAULT_MESSAGE_LOG_LINES, check_message_log_lines
 from ..hooks import DEFAULT_CONN_ID, get_hook
 from ..observability import metrics
 from ..observability.tracing import tracer_for
-from ._params import is_template, is_unset, parse_list, parse_number, text_or_none
+from ._params import is_template, is_unset, parse_count, parse_list, parse_number, text_or_none
 
 __all__ = ["BabelQueueConsumeOperator", "ConsumeStoppedError", "DeadLettersProducedError", "resolve_handlers"]
 
@@ -75,6 +75,21 @@ def _unmatched_delay_of(value: Any) -> float:
     return DEFAULT_UNMATCHED_DELAY if delay is None else delay
 
 
+def _bounds_of(max_messages: Any, max_seconds: Any, stop_when_empty: bool) -> tuple[int | None, float | None]:
+    """The run's rendered bounds; a run with none never finishes, so it is refused before it starts."""
+    messages, seconds = parse_count(max_messages, "max_messages"), parse_number(max_seconds, "max_seconds")
+    if messages is None and seconds is None and not stop_when_empty:
+        raise ValueError("an unbounded consumer never finishes: set max_messages, max_seconds or stop_when_empty")
+    return messages, seconds
+
+
+def _batch_size_of(value: Any) -> int:
+    size = parse_count(value, "batch_size") if isinstance(value, str) and not is_unset(value) else value
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"batch_size must be a whole number >= 1, got {value!r}")
+    return size
+
+
 def _templated(value: Any) -> bool:
     """Whether ``value`` (or an item of it) still holds a template: checked after rendering instead."""
     if isinstance(value, list | tuple | set | frozenset):
@@ -95,8 +110,8 @@ class BabelQueueConsumeOperator(BaseOperator):
     :param queue_name: the queue to consume (templated).
     :param handlers: URN → callable taking the envelope dict, or its dotted path as a string.
     :param max_messages: stop after this many deliveries (retries count as deliveries; messages a filter hands
-        back do not).
-    :param max_seconds: stop after this many seconds, so the task fits its schedule.
+        back do not; templated, so a run's params can size it).
+    :param max_seconds: stop after this many seconds, so the task fits its schedule (templated).
     :param stop_when_empty: stop as soon as a reserve finds nothing within ``reserve_timeout`` (with a filter: nothing
         but messages this run handed back already).
     :param reserve_timeout: seconds each reserve waits for a message.
@@ -122,7 +137,7 @@ class BabelQueueConsumeOperator(BaseOperator):
     :param max_outage_seconds: keep retrying the broker for up to this many seconds when it fails mid-run (a
         restart, a failover) before failing the task; every broker error is logged and counted in the summary's
         ``broker_errors``. 0 fails on the first one (then Airflow's task retries apply).
-    :param batch_size: messages reserved at once (RabbitMQ: the prefetch window is twice this; SQS takes at most
+    :param batch_size: messages reserved at once (templated; RabbitMQ: the prefetch window is twice this; SQS takes at most
         10 per receive). The handled messages of a batch are settled together, which is what lets a consumer keep
         up with the broker; a worker killed mid-batch has the batch's handled messages delivered again (an
         idempotency store makes that harmless). Batches shrink by themselves while handlers are slow.
@@ -149,7 +164,8 @@ class BabelQueueConsumeOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("babelqueue_conn_id", "queue_name", "idempotency_conn_id",
-                                      "idempotency_store", "urns", "jsonpath", "unmatched_delay")
+                                      "idempotency_store", "urns", "jsonpath", "unmatched_delay", "max_messages",
+                                      "max_seconds", "batch_size")
     ui_color = "#e8eef8"
 
     def __init__(
@@ -158,8 +174,8 @@ class BabelQueueConsumeOperator(BaseOperator):
         queue_name: str,
         handlers: Mapping[str, Callable[..., Any] | str],
         babelqueue_conn_id: str = DEFAULT_CONN_ID,
-        max_messages: int | None = None,
-        max_seconds: float | None = None,
+        max_messages: int | str | None = None,
+        max_seconds: float | str | None = None,
         stop_when_empty: bool = True,
         reserve_timeout: float = 1.0,
         max_attempts: int = 3,
@@ -174,7 +190,7 @@ class BabelQueueConsumeOperator(BaseOperator):
         max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
         max_nesting_depth: int | None = DEFAULT_MAX_NESTING_DEPTH,
         max_outage_seconds: float = 60.0,
-        batch_size: int = DEFAULT_BATCH_SIZE,
+        batch_size: int | str = DEFAULT_BATCH_SIZE,
         urns: str | Sequence[str] | None = None,
         jsonpath: str | None = None,
         unmatched_delay: float | str = DEFAULT_UNMATCHED_DELAY,
@@ -184,8 +200,8 @@ class BabelQueueConsumeOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if max_messages is None and max_seconds is None and not stop_when_empty:
-            raise ValueError("an unbounded consumer never finishes: set max_messages, max_seconds or stop_when_empty")
+        if not _templated(max_messages) and not _templated(max_seconds):
+            _bounds_of(max_messages, max_seconds, stop_when_empty)  # checked again once rendered, in execute
         self.babelqueue_conn_id = babelqueue_conn_id
         self.queue_name = queue_name
         self.handlers = dict(handlers)
@@ -204,8 +220,8 @@ class BabelQueueConsumeOperator(BaseOperator):
         if not max_outage_seconds >= 0:
             raise ValueError(f"max_outage_seconds must be a number >= 0, got {max_outage_seconds!r}")
         self.max_outage_seconds = max_outage_seconds
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
+        if not _templated(batch_size):
+            _batch_size_of(batch_size)
         self.batch_size = batch_size
         self.urns = urns
         self.jsonpath = jsonpath
@@ -226,6 +242,8 @@ class BabelQueueConsumeOperator(BaseOperator):
         handlers = resolve_handlers(self.handlers)
         rendered_filter = _filter_of(self.urns, self.jsonpath)
         unmatched_delay = _unmatched_delay_of(self.unmatched_delay)
+        max_messages, max_seconds = _bounds_of(self.max_messages, self.max_seconds, self.stop_when_empty)
+        batch_size = _batch_size_of(self.batch_size)
         hook = get_hook(self.babelqueue_conn_id)
         store_hook = None
         consumer: Consumer | None = None
@@ -254,7 +272,7 @@ class BabelQueueConsumeOperator(BaseOperator):
                 max_body_bytes=self.max_body_bytes,
                 max_nesting_depth=self.max_nesting_depth,
                 max_outage_seconds=self.max_outage_seconds,
-                batch_size=self.batch_size,
+                batch_size=batch_size,
                 message_filter=rendered_filter,
                 unmatched_delay=unmatched_delay,
                 max_results=self.max_results,
@@ -264,8 +282,8 @@ class BabelQueueConsumeOperator(BaseOperator):
             )
             self._consumer = consumer
             run = consumer.run(
-                max_messages=self.max_messages,
-                max_seconds=self.max_seconds,
+                max_messages=max_messages,
+                max_seconds=max_seconds,
                 stop_when_empty=self.stop_when_empty,
                 reserve_timeout=self.reserve_timeout,
             )

@@ -324,3 +324,41 @@ def test_an_idempotency_store_rendered_as_unset_is_the_default_store() -> None:
         assert not any(binding.seen_store("None").seen(meta_id) for meta_id in ids)
     finally:
         hook.close()
+
+
+def test_the_run_bounds_and_batch_size_are_templated() -> None:
+    queue = f"orders-{uuid.uuid4().hex[:8]}"
+    start = datetime.datetime(2026, 1, 1)
+    with DAG(f"bq_consume_bounds_{uuid.uuid4().hex[:6]}", schedule=None, start_date=start,
+             params={"limit": 3, "batch": 2, "unset": None}) as dag:
+        publish = BabelQueuePublishOperator(task_id="publish", queue_name=queue, urn="urn:x",
+                                            data=[{"order_id": n, "amount": n} for n in range(5)])
+        bounded = BabelQueueConsumeOperator(
+            task_id="bounded", queue_name=queue, handlers={"urn:x": "tests.operators.handlers.order_total"},
+            max_messages="{{ params.limit }}", batch_size="{{ params.batch }}", max_seconds="{{ params.unset }}",
+            stop_when_empty=False, reserve_timeout=0.2,
+        )
+        unbounded = BabelQueueConsumeOperator(
+            task_id="unbounded", queue_name=queue, handlers={"urn:x": "tests.operators.handlers.order_total"},
+            max_messages="{{ params.unset }}", stop_when_empty=False,
+        )
+        publish >> bounded >> unbounded
+    run = run_dag(dag)
+    assert task_states(run) == {"publish": "success", "bounded": "success", "unbounded": "failed"}
+    assert [item["result"]["order_id"] for item in xcom(run, "bounded")["results"]] == [0, 1, 2]
+    assert [bq.decode(body)["data"]["order_id"] for body in _taken(queue)] == [3, 4]  # the failed run took none
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_messages": "many"}, "max_messages must be a whole number, got 'many'"),
+        ({"max_seconds": "-1"}, "max_seconds must be a finite number >= 0"),
+        ({"batch_size": "0"}, "batch_size must be a whole number >= 1, got '0'"),
+        ({"batch_size": 2.5}, "batch_size must be a whole number >= 1, got 2.5"),
+        ({"max_messages": "None", "stop_when_empty": False}, "an unbounded consumer never finishes"),
+    ],
+)
+def test_consume_bounds_are_checked_when_the_dag_is_parsed(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        BabelQueueConsumeOperator(task_id="c", queue_name="q", handlers={}, **kwargs)
