@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from .base import BabelQueueHook
 
 __all__ = ["DEFAULT_CONN_ID", "FORMER_CONN_TYPES", "HOOK_CLASSES", "current_conn_type", "default_sqlite_path",
-           "get_hook"]
+           "get_hook", "remote_executors"]
 
 DEFAULT_CONN_ID = "babelqueue_default"
 
@@ -54,6 +54,39 @@ def default_sqlite_path() -> Path:
     from pathlib import Path
 
     return Path(os.environ.get("AIRFLOW_HOME", "~/airflow")).expanduser() / "babelqueue.sqlite"
+
+
+_LOCAL_EXECUTORS = frozenset({"LocalExecutor", "SequentialExecutor", "DebugExecutor"})
+_spread_warned = False
+
+
+def remote_executors(setting: str) -> list[str]:
+    """The executors of an ``[core] executor`` setting that run tasks on other machines than the scheduler's:
+    every one but the local ones (``LocalExecutor``, also given by module path or behind an alias)."""
+    names = [item.strip() for item in setting.split(",") if item.strip()]
+    return [name for name in names if name.rpartition(":")[2].rpartition(".")[2] not in _LOCAL_EXECUTORS]
+
+
+def _warn_if_workers_spread() -> None:
+    """Warn once per process when the embedded default is used under an executor whose workers may be on
+    several machines: each has its own SQLite file, so a message published on one is never seen on another."""
+    global _spread_warned
+    if _spread_warned:
+        return
+    _spread_warned = True
+    from airflow.sdk import conf
+
+    try:
+        remote = remote_executors(str(conf.get("core", "executor", fallback="") or ""))
+    except Exception:  # an unreadable setting must not stop a task; the warning is advice
+        return
+    if remote:
+        logger.warning(
+            "babelqueue_default is not defined, so it is the embedded SQLite queue at %s on this machine. The "
+            "executor %s runs tasks on several machines, each with its own file: a message published on one is "
+            "never seen on another. Define babelqueue_default (or the connection your DAGs name) as a PostgreSQL "
+            "or Redis connection every worker reaches.", default_sqlite_path(), ", ".join(remote),
+        )
 
 
 def _hook_class(conn_type: str) -> type[BabelQueueHook]:
@@ -87,6 +120,7 @@ def get_hook(babelqueue_conn_id: str = DEFAULT_CONN_ID) -> BabelQueueHook:
         from .connection_specs import SQL
 
         connection = Connection(conn_id=DEFAULT_CONN_ID, conn_type=SQL.conn_type)
+        _warn_if_workers_spread()
     conn_type = current_conn_type(connection.conn_type)
     if conn_type is None:
         raise BindingError(

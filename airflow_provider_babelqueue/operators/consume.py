@@ -137,10 +137,10 @@ class BabelQueueConsumeOperator(BaseOperator):
     :param max_outage_seconds: keep retrying the broker for up to this many seconds when it fails mid-run (a
         restart, a failover) before failing the task; every broker error is logged and counted in the summary's
         ``broker_errors``. 0 fails on the first one (then Airflow's task retries apply).
-    :param batch_size: messages reserved at once (templated; RabbitMQ: the prefetch window is twice this; SQS takes at most
-        10 per receive). The handled messages of a batch are settled together, which is what lets a consumer keep
-        up with the broker; a worker killed mid-batch has the batch's handled messages delivered again (an
-        idempotency store makes that harmless). Batches shrink by themselves while handlers are slow.
+    :param batch_size: messages reserved at once (templated; RabbitMQ: the prefetch window is twice this; SQS takes
+        at most 10 per receive). The handled messages of a batch are settled together, which is what lets a
+        consumer keep up with the broker; a worker killed mid-batch has the batch's handled messages delivered
+        again (an idempotency store makes that harmless). Batches shrink by themselves while handlers are slow.
     :param urns: only take messages whose URN matches one of these shell-style patterns (``urn:babel:orders:*``;
         templated; a list, or one pattern, or JSON-list or comma-separated text once rendered), so several DAGs
         can share a queue. A message the filter does not take is handed back unhandled (bytes and ``attempts``

@@ -11,8 +11,9 @@ import redis as redis_client
 import sqlalchemy
 
 from airflow_provider_babelqueue import envelope as bq
+from airflow_provider_babelqueue import hooks as hooks_module
 from airflow_provider_babelqueue.bindings.base import BindingError
-from airflow_provider_babelqueue.hooks import DEFAULT_CONN_ID, default_sqlite_path, get_hook
+from airflow_provider_babelqueue.hooks import DEFAULT_CONN_ID, default_sqlite_path, get_hook, remote_executors
 from airflow_provider_babelqueue.hooks.base import ConnectionConfigError
 from airflow_provider_babelqueue.hooks.redis import BabelQueueRedisHook
 from airflow_provider_babelqueue.hooks.sql import BabelQueueSqlHook
@@ -48,6 +49,47 @@ def test_default_connection_is_the_embedded_sqlite_queue(monkeypatch: pytest.Mon
         f"Connected to BabelQueue SQL at sqlite file {tmp_path / 'babelqueue.sqlite'}",
     )
     hook.close()
+
+
+@pytest.mark.parametrize(
+    ("executor", "remote"),
+    [
+        ("LocalExecutor", []),
+        ("airflow.executors.local_executor.LocalExecutor", []),
+        ("CeleryExecutor", ["CeleryExecutor"]),
+        ("LocalExecutor, fast:airflow.providers.cncf.kubernetes.executors.kubernetes_executor.KubernetesExecutor",
+         ["fast:airflow.providers.cncf.kubernetes.executors.kubernetes_executor.KubernetesExecutor"]),
+    ],
+)
+def test_the_embedded_default_under_a_spread_executor_is_warned_about_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path, executor: str,
+    remote: list[str],
+) -> None:
+    """Each worker of a Celery or Kubernetes deployment has its own ``$AIRFLOW_HOME``: the embedded default is then
+    one queue per machine, and a message published on one is never seen on another."""
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", executor)
+    monkeypatch.delenv(f"AIRFLOW_CONN_{DEFAULT_CONN_ID.upper()}", raising=False)
+    monkeypatch.setattr(hooks_module, "_spread_warned", False)
+    assert remote_executors(executor) == remote
+    with caplog.at_level("WARNING", logger="airflow_provider_babelqueue.hooks"):
+        get_hook().close()
+        get_hook().close()
+    warnings = [r.getMessage() for r in caplog.records if r.name == "airflow_provider_babelqueue.hooks"]
+    if not remote:
+        assert warnings == []
+        return
+    assert len(warnings) == 1
+    assert warnings[0].startswith(
+        f"babelqueue_default is not defined, so it is the embedded SQLite queue at {tmp_path / 'babelqueue.sqlite'} "
+        f"on this machine. The executor {', '.join(remote)} runs tasks on several machines"
+    )
+    caplog.clear()
+    monkeypatch.setattr(hooks_module, "_spread_warned", False)
+    define(monkeypatch, DEFAULT_CONN_ID, {"conn_type": "babelqueue+sql", "host": str(tmp_path / "q.sqlite")})
+    with caplog.at_level("WARNING", logger="airflow_provider_babelqueue.hooks"):
+        get_hook().close()  # a defined babelqueue_default is the team's choice: nothing to say
+    assert [r for r in caplog.records if r.name == "airflow_provider_babelqueue.hooks"] == []
 
 
 def test_sqlite_connection_with_a_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
