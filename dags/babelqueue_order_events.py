@@ -55,8 +55,7 @@ def process(envelopes: list[dict[str, Any]], conn_id: str = WATCHED_CONN_ID) -> 
     from airflow_provider_babelqueue.core.idempotency import remember_many, seen_many
     from airflow_provider_babelqueue.hooks import get_hook
 
-    hook = get_hook(conn_id)
-    try:
+    with get_hook(conn_id) as hook:  # closes the broker connection when the block ends
         store = hook.get_binding().seen_store(PROCESSED)
         done = seen_many(store, [e["meta"]["id"] for e in envelopes])
         fresh = [e for e in envelopes if e["meta"]["id"] not in done]
@@ -66,8 +65,6 @@ def process(envelopes: list[dict[str, Any]], conn_id: str = WATCHED_CONN_ID) -> 
             total += float(order.get("amount") or 0)
             log.info("order %s: %s (trace %s)", order.get("order_id"), order.get("amount"), envelope["trace_id"])
         remember_many(store, [e["meta"]["id"] for e in fresh])
-    finally:
-        hook.close()
     return {"received": len(envelopes), "processed": len(fresh), "already_processed": len(envelopes) - len(fresh),
             "total_amount": round(total, 2)}
 

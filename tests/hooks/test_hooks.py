@@ -290,3 +290,23 @@ def test_the_fleets_dead_letter_sources_apply_where_a_connection_names_none(
         assert hook.get_binding().dead_letter_sources("orders") == expected
     finally:
         hook.close()
+
+
+def test_a_hook_in_a_with_block_closes_its_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker sees the connection go when the block ends, also when the block raised."""
+    conn_id = define(monkeypatch, "with_redis", {"conn_type": "babelqueue+redis", "host": "127.0.0.1", "port": 6379})
+    admin = redis_client.Redis(host="127.0.0.1", port=6379)
+    name = f"bq-with-{uuid.uuid4().hex[:8]}"
+
+    def named() -> int:
+        return sum(1 for client in admin.client_list() if client.get("name") == name)
+
+    with pytest.raises(RuntimeError, match="handler"):
+        with get_hook(conn_id) as hook:
+            binding = hook.get_binding()
+            binding.depth("orders")
+            binding.client.client_setname(name)  # type: ignore[attr-defined]
+            assert named() == 1
+            raise RuntimeError("handler")
+    assert hook._binding is None and named() == 0
+    admin.close()
