@@ -36,7 +36,7 @@ def default_output_root() -> str:
     if configured:
         return configured
     home = Path(os.environ.get("AIRFLOW_HOME", "~/airflow")).expanduser()
-    return str(home / "babelqueue" / "runs")
+    return os.path.abspath(home / "babelqueue" / "runs")  # a relative AIRFLOW_HOME means the folder it names now
 
 
 def run_workspace(output_root: str | None, dag_id: str, run_id: str) -> dict[str, str]:

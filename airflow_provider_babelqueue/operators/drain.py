@@ -15,7 +15,7 @@ from ..bindings.base import NotSupportedError
 from ..engine.drain import DrainSource, LocalFileSink, Sink, StreamSink, drain_dead_letters, file_name
 from ..hooks import DEFAULT_CONN_ID, get_hook
 from ..observability import metrics
-from ._params import parse_count, parse_rendered
+from ._params import is_unset, parse_count, parse_rendered
 
 __all__ = ["BabelQueueDrainDeadLettersOperator"]
 
@@ -50,14 +50,21 @@ def open_destination(destination: Any, run_id: str | None) -> Sink:
     """
     text = destination if isinstance(destination, str) else str(destination)
     text = text.strip()
-    if not text:
-        raise ValueError("destination must be a local path or an object storage URL")
+    if is_unset(text):
+        raise ValueError(f"destination must be a local path or an object storage URL, got {destination!r}")
     is_file = text.lower().endswith(_FILE_SUFFIXES)
     parts = urlsplit(text)
     scheme = parts.scheme.lower() if len(parts.scheme) > 1 else ""  # "C:" is a drive, not a scheme
     name = file_name(run_id, uuid.uuid4().hex[:12])
     if scheme in _LOCAL_SCHEMES:
         local = os.path.expanduser(parts.path if scheme else text)
+        if not os.path.isabs(local):
+            # a moved dead letter is out of the broker: its file must be where someone will look for it
+            raise ValueError(
+                f"destination {text!r} is a relative path; give an absolute path (or an object storage URL): a "
+                f"relative one would land in whatever working directory the task process has ({os.getcwd()} "
+                "here), which differs between workers and deployments"
+            )
         return LocalFileSink(local if is_file else os.path.join(local, name))
     from airflow.sdk import ObjectStoragePath
 

@@ -830,3 +830,27 @@ def test_sources_text_that_cannot_be_read_names_the_fix() -> None:
                                                   sources="[{'queue_name': orders}]")
     with pytest.raises(ValueError, match=r"sources must be a list of dicts; .*neither JSON nor a Python literal"):
         operator.execute(context={})
+
+
+@pytest.mark.parametrize(
+    ("destination", "message"),
+    [
+        ("dlq/", r"destination 'dlq/' is a relative path; give an absolute path .* working directory"),
+        ("out.jsonl", r"destination 'out.jsonl' is a relative path"),
+        ("None", r"destination must be a local path or an object storage URL, got 'None'"),
+        (" ", r"destination must be a local path or an object storage URL"),
+    ],
+)
+def test_a_move_drain_never_writes_where_nobody_looks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                      queue_name: str, destination: str, message: str) -> None:
+    """A moved dead letter is out of the broker: a relative path (the task's working directory, which differs
+    between workers) or a template rendered as unset is refused before anything is taken."""
+    binding = MemoryBinding()
+    seed(binding, queue_name, 2)
+    use_bindings(monkeypatch, drain_module, {"mem": binding})
+    monkeypatch.chdir(tmp_path)
+    operator = BabelQueueDrainDeadLettersOperator(task_id="d", babelqueue_conn_id="mem", queue_name=queue_name,
+                                                  destination=destination)
+    with pytest.raises(ValueError, match=message):
+        operator.execute(context={})
+    assert binding.dead_letter_depth(queue_name) == 2 and list(tmp_path.iterdir()) == []
