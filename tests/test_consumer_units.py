@@ -182,3 +182,53 @@ def test_the_progress_line_names_dead_letter_reasons_as_plain_text(caplog: pytes
     assert [type(key) for key in summary.as_dict()["dead_lettered"]] == [str]
     progress = [m for m in caplog.messages if m.startswith("progress on orders")]
     assert progress and progress[-1].endswith("'dead_lettered': {'unknown_urn': 2}}"), progress
+
+
+class _Callable:
+    def __call__(self, envelope: dict[str, Any]) -> None:
+        return None
+
+
+class _AsyncCallable:
+    async def __call__(self, envelope: dict[str, Any]) -> None:
+        return None
+
+
+def _two(envelope: dict[str, Any], context: dict[str, Any]) -> None:
+    return None
+
+
+async def _coroutine(envelope: dict[str, Any]) -> None:
+    return None
+
+
+@pytest.mark.parametrize(
+    ("handler", "message"),
+    [
+        (_two, r"handler for 'urn:x' \(_two\(envelope: 'dict\[str, Any\]', context: 'dict\[str, Any\]'\) -> 'None'\) "
+               r"cannot be called with one argument, the envelope dict"),
+        (lambda: None, r"handler for 'urn:x' \(.*<lambda>\(\)\) cannot be called with one argument"),
+        (_coroutine, r"handler for 'urn:x' \(_coroutine\) is a coroutine function; .* asyncio.run"),
+        (_AsyncCallable(), r"handler for 'urn:x' \(_AsyncCallable\) is a coroutine function"),
+        ("not callable", r"handler for 'urn:x' must be callable, got 'not callable'"),
+    ],
+)
+def test_a_handler_that_could_never_handle_a_message_is_refused_before_any_is_taken(handler: Any,
+                                                                                    message: str) -> None:
+    binding = MemoryBinding()
+    body = bq.encode(bq.make_envelope("urn:x", {}))
+    binding.publish(body, "orders")
+    with pytest.raises(ValueError, match=message):
+        Consumer(binding, "orders", {"urn:x": handler})
+    assert binding.depth("orders") == 1
+    taken = binding.reserve("orders", timeout=0)
+    assert taken is not None and taken.body == body  # never reserved: the attempts are still 0
+
+
+@pytest.mark.parametrize(
+    "handler",
+    [lambda env: None, lambda env, extra=1: None, lambda *args, **kwargs: None, _Callable(), print, {}.get],
+    ids=["one", "defaults", "varargs", "instance", "builtin", "bound-builtin"],
+)
+def test_handlers_callable_with_the_envelope_are_accepted(handler: Any) -> None:
+    Consumer(MemoryBinding(), "orders", {"urn:x": handler})

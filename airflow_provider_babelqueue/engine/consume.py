@@ -54,6 +54,7 @@ everything after that: validation, the dead-letter re-encoding, handlers and the
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import math
 import random
@@ -115,12 +116,43 @@ __all__ = [
     "MessageFilter",
     "UnknownUrnStrategy",
     "body_limit_error",
+    "check_handler",
     "check_limit",
     "exception_name",
     "nesting_depth",
 ]
 
 Handler = Callable[[dict[str, Any]], Any]
+
+
+def check_handler(urn: str, handler: Any) -> None:
+    """Refuse a handler that could never handle a message, before any message is taken.
+
+    Called with the envelope alone, a handler whose signature needs more (``def handle(envelope, context)``)
+    would raise on every message, and every message would end as a ``failed`` dead letter after its attempts;
+    an ``async def`` handler would return an un-run coroutine, and its messages would be acked with nothing done.
+
+    :raises ValueError: naming the URN, the handler and what to change.
+    """
+    if not callable(handler):
+        raise ValueError(f"handler for {urn!r} must be callable, got {handler!r}")
+    name = getattr(handler, "__qualname__", None) or type(handler).__qualname__
+    if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(type(handler).__call__):
+        raise ValueError(
+            f"handler for {urn!r} ({name}) is a coroutine function; handlers run synchronously, so its body "
+            "would never run: make it a plain function (wrap async work with asyncio.run)"
+        )
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError):  # some builtins and extension callables have none to read
+        return
+    try:
+        signature.bind({})
+    except TypeError:
+        raise ValueError(
+            f"handler for {urn!r} ({name}{signature}) cannot be called with one argument, the envelope dict: "
+            "give it one positional parameter (more only with defaults)"
+        ) from None
 
 _NOT_COUNTABLE = (
     "not retried: the body cannot be re-encoded with a higher attempts count (nesting deeper than the "
@@ -315,6 +347,8 @@ class Consumer:
         # bytes), not the several times that decoding it into objects would
         binding.decode_limit = self.max_body_bytes
         self.queue_name = queue_name
+        for urn, handler in handlers.items():
+            check_handler(urn, handler)
         self.handlers = dict(handlers)
         self.max_attempts = max_attempts
         self.backoff = backoff or Backoff()

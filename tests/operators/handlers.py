@@ -30,3 +30,7 @@ def record_then_terminate_at_third(envelope: dict[str, Any]) -> None:
     HANDLED.append(envelope)
     if len(HANDLED) == 3:
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def with_context(envelope: dict[str, Any], context: dict[str, Any]) -> None:
+    """A handler written for another calling convention: the consumer refuses it before taking a message."""

@@ -362,3 +362,16 @@ def test_the_run_bounds_and_batch_size_are_templated() -> None:
 def test_consume_bounds_are_checked_when_the_dag_is_parsed(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         BabelQueueConsumeOperator(task_id="c", queue_name="q", handlers={}, **kwargs)
+
+
+def test_a_handler_with_the_wrong_signature_fails_the_task_before_any_message_is_taken() -> None:
+    queue = f"orders-{uuid.uuid4().hex[:8]}"
+    start = datetime.datetime(2026, 1, 1)
+    with DAG(f"bq_consume_bad_handler_{uuid.uuid4().hex[:6]}", schedule=None, start_date=start) as dag:
+        publish = BabelQueuePublishOperator(task_id="publish", queue_name=queue, urn="urn:x", data=[{"n": 1}, {"n": 2}])
+        consume = BabelQueueConsumeOperator(task_id="consume", queue_name=queue,
+                                            handlers={"urn:x": "tests.operators.handlers.with_context"})
+        publish >> consume
+    run = run_dag(dag)
+    assert task_states(run) == {"publish": "success", "consume": "failed"}
+    assert [bq.decode(body)["attempts"] for body in _taken(queue)] == [0, 0]  # both still ready, never tried
