@@ -202,6 +202,10 @@ async def _coroutine(envelope: dict[str, Any]) -> None:
     return None
 
 
+def _generator(envelope: dict[str, Any]) -> Any:
+    yield envelope
+
+
 @pytest.mark.parametrize(
     ("handler", "message"),
     [
@@ -211,6 +215,7 @@ async def _coroutine(envelope: dict[str, Any]) -> None:
         (_coroutine, r"handler for 'urn:x' \(_coroutine\) is a coroutine function; .* asyncio.run"),
         (_AsyncCallable(), r"handler for 'urn:x' \(_AsyncCallable\) is a coroutine function"),
         ("not callable", r"handler for 'urn:x' must be callable, got 'not callable'"),
+        (_generator, r"handler for 'urn:x' \(_generator\) is a generator function; .* would never run"),
     ],
 )
 def test_a_handler_that_could_never_handle_a_message_is_refused_before_any_is_taken(handler: Any,

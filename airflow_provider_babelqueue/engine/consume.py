@@ -125,23 +125,33 @@ __all__ = [
 Handler = Callable[[dict[str, Any]], Any]
 
 
+#: Callables whose call returns an object instead of running their body.
+_NEVER_RUN: tuple[tuple[str, Callable[[Any], bool]], ...] = (
+    ("a coroutine function", inspect.iscoroutinefunction),
+    ("a generator function", inspect.isgeneratorfunction),
+    ("an async generator function", inspect.isasyncgenfunction),
+)
+
+
 def check_handler(urn: str, handler: Any) -> None:
     """Refuse a handler that could never handle a message, before any message is taken.
 
     Called with the envelope alone, a handler whose signature needs more (``def handle(envelope, context)``)
     would raise on every message, and every message would end as a ``failed`` dead letter after its attempts;
-    an ``async def`` handler would return an un-run coroutine, and its messages would be acked with nothing done.
+    an ``async def`` handler (or a generator function) would return an un-run coroutine (or generator), and its
+    messages would be acked with nothing done.
 
     :raises ValueError: naming the URN, the handler and what to change.
     """
     if not callable(handler):
         raise ValueError(f"handler for {urn!r} must be callable, got {handler!r}")
     name = getattr(handler, "__qualname__", None) or type(handler).__qualname__
-    if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(type(handler).__call__):
-        raise ValueError(
-            f"handler for {urn!r} ({name}) is a coroutine function; handlers run synchronously, so its body "
-            "would never run: make it a plain function (wrap async work with asyncio.run)"
-        )
+    for kind, test in _NEVER_RUN:
+        if test(handler) or test(type(handler).__call__):
+            raise ValueError(
+                f"handler for {urn!r} ({name}) is {kind}; a handler is called and its return value kept, so its "
+                "body would never run: make it a plain function (wrap async work with asyncio.run)"
+            )
     try:
         signature = inspect.signature(handler)
     except (TypeError, ValueError):  # some builtins and extension callables have none to read
