@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+import re
+import time
 from typing import Any
 
 import orjson
@@ -79,8 +81,8 @@ class _CountingBroker(MemoryBinding):
                 for message in super().reserve_many(queue_name, limit, timeout)]
 
 
-def _publish_one(binding: MemoryBinding) -> bytes:
-    body = bq.encode(bq.make_envelope(URN, {"order_id": 1042}, queue_name="orders"))
+def _publish_one(binding: MemoryBinding, urn: str = URN) -> bytes:
+    body = bq.encode(bq.make_envelope(urn, {"order_id": 1042}, queue_name="orders"))
     binding.publish(body, "orders")
     return body
 
@@ -178,10 +180,32 @@ def test_the_progress_line_names_dead_letter_reasons_as_plain_text(caplog: pytes
     for _ in range(2):
         _publish_one(binding)
     with caplog.at_level(logging.INFO, logger=QUIET.name):
-        summary = Consumer(binding, "orders", {}, log=QUIET).run(reserve_timeout=0, progress_every=1)
+        summary = Consumer(binding, "orders", {}, log=QUIET).run(reserve_timeout=0, progress_seconds=0)
     assert [type(key) for key in summary.as_dict()["dead_lettered"]] == [str]
-    progress = [m for m in caplog.messages if m.startswith("progress on orders")]
+    progress = [m for m in caplog.messages if m.startswith("progress on orders (")]
     assert progress and progress[-1].endswith("'dead_lettered': {'unknown_urn': 2}}"), progress
+
+
+def test_progress_lines_come_by_time_not_by_count(caplog: pytest.LogCaptureFixture) -> None:
+    """Thousands of messages in a second make no progress line (the summary follows the run); a run that takes
+    longer than ``progress_seconds`` gets one per interval that brought deliveries, with the rate."""
+    binding = MemoryBinding()
+    for _ in range(3000):
+        _publish_one(binding, urn="urn:fast")
+    with caplog.at_level(logging.INFO, logger=QUIET.name):
+        summary = Consumer(binding, "orders", {"urn:fast": lambda env: None}, log=QUIET).run(reserve_timeout=0)
+    assert summary.handled == 3000
+    assert [m for m in caplog.messages if m.startswith("progress on")] == []
+    for _ in range(4):
+        _publish_one(binding, urn="urn:slow")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=QUIET.name):
+        Consumer(binding, "orders", {"urn:slow": lambda env: time.sleep(0.4)}, log=QUIET, batch_size=1).run(
+            reserve_timeout=0, progress_seconds=0.7)
+    progress = [m for m in caplog.messages if m.startswith("progress on orders")]
+    assert len(progress) == 2, progress  # after the 2nd (0.8 s) and the 4th message (0.8 s later)
+    assert re.match(r"progress on orders \(\d msg/s since the last line\): \{'received': 2, 'handled': 2,", progress[0])
+    assert re.match(r"progress on orders \(\d msg/s since the last line\): \{'received': 4, 'handled': 4,", progress[1])
 
 
 class _Callable:

@@ -626,21 +626,24 @@ class Consumer:
         max_seconds: float | None = None,
         stop_when_empty: bool = True,
         reserve_timeout: float = 1.0,
-        progress_every: int = 1000,
+        progress_seconds: float = 30.0,
     ) -> ConsumeSummary:
         """Consume until ``max_messages`` deliveries, ``max_seconds``, or (``stop_when_empty``) an empty
         reserve, whichever comes first. A bounded run is what an Airflow task needs.
 
         Reserves up to :attr:`batch_size` messages at once, waiting up to ``reserve_timeout`` for the first with
         the broker's blocking read; processes them in order; settles the handled ones together (see the module
-        docstring). ``progress_every`` deliveries, a progress line goes to the log.
+        docstring). Every ``progress_seconds`` that brought deliveries, a progress line with the summary so far and
+        the rate since the previous line goes to the log: a long run shows it is moving, and a fast one does not
+        fill the log (a line per thousand messages was dozens of lines a second on a fast broker).
 
         With a filter, ``max_messages`` counts the deliveries it took; the ones it handed back are hidden for
         ``unmatched_delay`` seconds, so the next reserves reach past them. A reserve that brings only messages
         this run handed back already (their delay ran out) brought nothing new: with ``stop_when_empty`` the run
         ends there, as on an empty reserve; without, it waits ``reserve_timeout`` before it reserves again."""
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
-        size, logged, idle = self.batch_size, 0, False
+        size, idle = self.batch_size, False
+        last_line, last_count = time.monotonic(), 0
         self._acks, self._releases, self._unmatched = [], [], []
         self._handed_back = set()
         if self.message_filter is not None:
@@ -689,9 +692,12 @@ class Consumer:
                     size = max(1, size // 2)  # slow handlers: fewer reservations wait their turn
                 elif took < _SLOW_BATCH_SECONDS / 4 and size < self.batch_size:
                     size = min(self.batch_size, size * 2)
-                if progress_every and self.summary.received // progress_every > logged:
-                    logged = self.summary.received // progress_every
-                    self.log.info("progress on %s: %s", self.queue_name, self.summary.as_dict())
+                now = time.monotonic()
+                if now - last_line >= progress_seconds and self.summary.received > last_count:
+                    rate = (self.summary.received - last_count) / max(now - last_line, 1e-6)
+                    self.log.info("progress on %s (%.0f msg/s since the last line): %s", self.queue_name, rate,
+                                  self.summary.as_dict())
+                    last_line, last_count = now, self.summary.received
             unmatched, self._unmatched = self._unmatched, []
             acks, releases = self._pending()  # the last batch
             while unmatched or acks or releases:
