@@ -20,7 +20,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 
 from ..spark import JOBS, is_local, job_path, recommended_conf
 from ..spark.class_archive import CLASS_ARCHIVE_ENV, archive_option, with_archive
-from ._params import is_unset, parse_list, parse_rendered
+from ._params import is_unset, parse_count, parse_list, parse_number, parse_rendered
 from .links import BabelQueueReportLink
 from .pending import carried_over, move_into, waiting_files
 from .spark_connection import check_spark_connection, submit_path
@@ -30,6 +30,7 @@ __all__ = ["BabelQueueSparkTriageOperator", "package_zip"]
 _POLICY = ("reasons", "urns", "exception_types", "original_queues", "max_attempts", "min_age_seconds",
            "max_age_seconds", "now_ms")
 _LISTS = ("reasons", "urns", "exception_types", "original_queues")
+_COUNTS = ("max_attempts", "now_ms")
 _OPTIONAL_PATHS = ("report_output", "pending", "archive_to", "class_archive", "source_broker")
 
 
@@ -197,8 +198,11 @@ class BabelQueueSparkTriageOperator(SparkSubmitOperator):
                 names = parse_list(value, key)
                 if names:
                     args += [flag, ",".join(names)]
+            elif key in _COUNTS:  # checked here, naming the parameter, not in the job after Spark started
+                args += [flag, str(parse_count(value, key))]
             else:
-                args += [flag, str(value)]
+                number = parse_number(value, key)
+                args += [flag, str(int(number)) if number is not None and number.is_integer() else repr(number)]
         return args
 
     def _inputs(self) -> list[str]:

@@ -112,6 +112,14 @@ def test_operator_builds_the_job_command() -> None:
     op.input_path = "['a', 'b/*.parquet']"
     assert op.job_args() == ["--input", "a", "b/*.parquet", "--output", "out", "--reasons", "failed,unknown_urn",
                              "--exception-types", "GatewayTimeout", "--min-age-seconds", "60"]
+    op.min_age_seconds = "1234567.25"
+    assert op.job_args()[-2:] == ["--min-age-seconds", "1234567.25"]
+    for key, text, message in (("max_attempts", "three", "max_attempts must be a whole number, got 'three'"),
+                               ("min_age_seconds", "-5", "min_age_seconds must be a finite number >= 0")):
+        setattr(op, key, text)
+        with pytest.raises(ValueError, match=message):
+            op.job_args()  # before spark-submit starts
+        setattr(op, key, 60 if key == "min_age_seconds" else None)
     op.input_path = "[ab]*.jsonl"  # a glob, not a list
     assert op.job_args()[:2] == ["--input", "[ab]*.jsonl"]
     triage = BabelQueueSparkTriageOperator(task_id="t2", job="triage", input="in", output="o", source_broker="redis",
