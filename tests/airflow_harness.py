@@ -52,7 +52,7 @@ def task_states(dag_run: Any) -> dict[str, str]:
         return {ti.task_id: str(ti.state) for ti in rows}
 
 
-def xcom(dag_run: Any, task_id: str, key: str = "return_value") -> Any:
+def xcom(dag_run: Any, task_id: str, key: str = "return_value", map_index: int = -1) -> Any:
     from airflow.models import TaskInstance
     from airflow.utils.session import create_session
 
@@ -63,7 +63,10 @@ def xcom(dag_run: Any, task_id: str, key: str = "return_value") -> Any:
                 TaskInstance.dag_id == dag_run.dag_id,
                 TaskInstance.run_id == dag_run.run_id,
                 TaskInstance.task_id == task_id,
+                TaskInstance.map_index == map_index,
             )
             .one()
         )
-        return ti.xcom_pull(task_ids=task_id, key=key)
+        if map_index < 0:
+            return ti.xcom_pull(task_ids=task_id, key=key)
+        return ti.xcom_pull(task_ids=task_id, key=key, map_indexes=map_index)

@@ -375,3 +375,23 @@ def test_a_handler_with_the_wrong_signature_fails_the_task_before_any_message_is
     run = run_dag(dag)
     assert task_states(run) == {"publish": "success", "consume": "failed"}
     assert [bq.decode(body)["attempts"] for body in _taken(queue)] == [0, 0]  # both still ready, never tried
+
+
+def test_mapped_consumers_share_a_queue() -> None:
+    """k consumers as mapped task instances of one operator (``partial().expand()``), each bounded by its own
+    ``max_messages``: together they take every message once."""
+    queue = f"orders-{uuid.uuid4().hex[:8]}"
+    start = datetime.datetime(2026, 1, 1)
+    with DAG(f"bq_mapped_consumers_{uuid.uuid4().hex[:6]}", schedule=None, start_date=start) as dag:
+        publish = BabelQueuePublishOperator(task_id="publish", queue_name=queue, urn="urn:x",
+                                            data=[{"order_id": n, "amount": n} for n in range(12)])
+        consume = BabelQueueConsumeOperator.partial(
+            task_id="consume", queue_name=queue, handlers={"urn:x": handlers.order_total}, reserve_timeout=0.2,
+        ).expand(max_messages=[4, 4, 4])
+        publish >> consume
+    run = run_dag(dag)
+    assert task_states(run) == {"publish": "success", "consume": "success"}
+    summaries = [xcom(run, "consume", map_index=index) for index in range(3)]
+    assert [summary["handled"] for summary in summaries] == [4, 4, 4]
+    taken = sorted(item["result"]["order_id"] for summary in summaries for item in summary["results"])
+    assert taken == list(range(12)) and _taken(queue) == []
