@@ -10,6 +10,7 @@ from airflow.sdk import BaseOperator, Context
 
 from ..bindings.base import Binding
 from ..core import envelope as bq
+from ..core.errors import EnvelopeDecodeError
 from ..hooks import DEFAULT_CONN_ID, get_hook
 from ..observability import metrics
 from ..observability.tracing import tracer_for
@@ -146,7 +147,10 @@ class BabelQueuePublishOperator(BaseOperator):
         if self.envelopes is not None:
             bodies = []
             for index, item in enumerate(ready_envelopes_of(self.envelopes)):
-                env = item if isinstance(item, Mapping) else bq.decode(item)
+                try:
+                    env = item if isinstance(item, Mapping) else bq.decode(item)
+                except EnvelopeDecodeError as exc:
+                    raise ValueError(f"envelopes[{index}] is not an encoded envelope: {exc}") from exc
                 reason = bq.check(env)
                 if reason is not None:
                     raise ValueError(f"envelopes[{index}] is not publishable: {reason}")

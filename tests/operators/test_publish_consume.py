@@ -261,6 +261,9 @@ def test_publish_data_errors_name_the_fix(data: object, message: str) -> None:
         ("None", r"envelopes rendered to 'None'"),
         (7, r"envelopes must be a list of envelopes \(dicts, or encoded bytes/str\), got int"),
         ([7], r"envelopes\[0\] must be an envelope dict or its encoded bytes/str, got int"),
+        ([bq.encode(bq.make_envelope("urn:x", {})), b"\xef\xbb\xbf{}"],
+         r"envelopes\[1\] is not an encoded envelope: The body is not valid JSON"),  # a byte-order mark
+        (["{bad json"], r"envelopes\[0\] is not an encoded envelope: The body is not valid JSON"),
     ],
 )
 def test_publish_envelopes_errors_name_the_fix(envelopes: object, message: str) -> None:
