@@ -33,8 +33,16 @@ def is_unset(value: Any) -> bool:
 
 
 def is_template(value: Any) -> bool:
-    """Whether ``value`` is still an unrendered Jinja template (only known after rendering, so checks skip it)."""
-    return isinstance(value, str) and "{{" in value
+    """Whether ``value`` is only known once the task runs, so a check when the DAG is parsed must skip it: an
+    unrendered Jinja template, an upstream task's output (``XComArg``) or anything else Airflow resolves at run
+    time (not plain data), or a list holding one."""
+    if isinstance(value, str):
+        return "{{" in value
+    if value is None or isinstance(value, bool | int | float | bytes):
+        return False
+    if isinstance(value, list | tuple | set | frozenset):
+        return any(is_template(item) for item in value)
+    return not isinstance(value, dict)
 
 
 def parse_list(value: Any, name: str) -> list[str]:

@@ -90,13 +90,6 @@ def _batch_size_of(value: Any) -> int:
     return size
 
 
-def _templated(value: Any) -> bool:
-    """Whether ``value`` (or an item of it) still holds a template: checked after rendering instead."""
-    if isinstance(value, list | tuple | set | frozenset):
-        return any(is_template(item) for item in value)
-    return is_template(value)
-
-
 class BabelQueueConsumeOperator(BaseOperator):
     """Consume a queue for a bounded run with the contract's consumer rules; returns a summary (XCom).
 
@@ -200,7 +193,7 @@ class BabelQueueConsumeOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if not _templated(max_messages) and not _templated(max_seconds):
+        if not is_template(max_messages) and not is_template(max_seconds):
             _bounds_of(max_messages, max_seconds, stop_when_empty)  # checked again once rendered, in execute
         self.babelqueue_conn_id = babelqueue_conn_id
         self.queue_name = queue_name
@@ -220,15 +213,15 @@ class BabelQueueConsumeOperator(BaseOperator):
         if not max_outage_seconds >= 0:
             raise ValueError(f"max_outage_seconds must be a number >= 0, got {max_outage_seconds!r}")
         self.max_outage_seconds = max_outage_seconds
-        if not _templated(batch_size):
+        if not is_template(batch_size):
             _batch_size_of(batch_size)
         self.batch_size = batch_size
         self.urns = urns
         self.jsonpath = jsonpath
         self.unmatched_delay = unmatched_delay
-        if not _templated(urns) and not _templated(jsonpath):
+        if not is_template(urns) and not is_template(jsonpath):
             _filter_of(urns, jsonpath)  # an invalid JSONPath fails when the DAG is parsed; built again in execute
-        if not _templated(unmatched_delay):
+        if not is_template(unmatched_delay):
             _unmatched_delay_of(unmatched_delay)
         for name, value in (("max_results", max_results), ("max_result_bytes", max_result_bytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:

@@ -40,13 +40,6 @@ def _default_deferrable() -> bool:
     return conf.getboolean("operators", "default_deferrable", fallback=False)
 
 
-def _templated(value: Any) -> bool:
-    """Whether ``value`` (or an item of it) is still an unrendered template: it is checked once rendered."""
-    if isinstance(value, list | tuple | set | frozenset):
-        return any(is_template(item) for item in value)
-    return is_template(value)
-
-
 def _filter_of(urns: Any, jsonpath: Any) -> MessageFilter:
     """The rendered ``urns`` / ``jsonpath`` as a filter: a list or its JSON or comma-separated text, and ``None``,
     ``""`` or ``"None"`` (an unset ``params`` entry) for "no restriction". ``ValueError`` names an invalid
@@ -298,7 +291,7 @@ class BabelQueueDeadLetterSensor(_BabelQueueSensor):
         self.reasons = reasons
         self.urns = urns
         self.jsonpath = jsonpath
-        if not _templated(urns) and not _templated(jsonpath):
+        if not is_template(urns) and not is_template(jsonpath):
             _filter_of(urns, jsonpath)  # an invalid pattern or JSONPath fails when the DAG is parsed
         self.sample_size = sample_size
         self._start_depth: int | None = None

@@ -398,3 +398,41 @@ def test_mapped_consumers_share_a_queue() -> None:
     assert [summary["handled"] for summary in summaries] == [4, 4, 4]
     taken = sorted(item["result"]["order_id"] for summary in summaries for item in summary["results"])
     assert taken == list(range(12)) and _taken(queue) == []
+
+
+def test_an_upstream_tasks_output_sizes_and_filters_a_consume_task() -> None:
+    """``urns=plan["urns"]`` and ``max_messages=...output``: XComArgs are not checked when the DAG is parsed (they
+    have no value yet) and are resolved as templated fields."""
+    from airflow.sdk import task
+
+    queue = f"orders-{uuid.uuid4().hex[:8]}"
+    start = datetime.datetime(2026, 1, 1)
+    with DAG(f"bq_consume_xcomarg_{uuid.uuid4().hex[:6]}", schedule=None, start_date=start) as dag:
+
+        @task
+        def limit() -> int:
+            return 2
+
+        @task
+        def patterns() -> list[str]:
+            return ["urn:babel:orders:*"]
+
+        publish = BabelQueuePublishOperator(task_id="publish", queue_name=queue, urn="urn:babel:orders:created",
+                                            data=[{"order_id": n, "amount": n} for n in range(3)])
+        consume = BabelQueueConsumeOperator(
+            task_id="consume", queue_name=queue, handlers={"urn:babel:orders:created": handlers.order_total},
+            urns=patterns(), max_messages=limit(), reserve_timeout=0.2,
+        )
+        publish >> consume
+    run = run_dag(dag)
+    assert task_states(run)["consume"] == "success"
+    assert [item["result"]["order_id"] for item in xcom(run, "consume")["results"]] == [0, 1]
+    assert [bq.decode(body)["data"]["order_id"] for body in _taken(queue)] == [2]
+
+
+def test_what_is_known_only_at_run_time_is_not_checked_at_parse_time() -> None:
+    from airflow_provider_babelqueue.operators._params import is_template
+
+    assert [is_template(v) for v in ("{{ x }}", "x", 3, None, True, ["a", "{{ y }}"], ["a"], {"a": 1}, b"{{")] == [
+        True, False, False, False, False, True, False, False, False]
+    assert is_template(object())  # an XComArg, a MappedArgument: resolved at run time
