@@ -92,6 +92,18 @@ def test_the_embedded_default_under_a_spread_executor_is_warned_about_once(
     assert [r for r in caplog.records if r.name == "airflow_provider_babelqueue.hooks"] == []
 
 
+def test_the_default_defined_by_its_type_alone_is_the_same_file(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    """docs/connections/sql.md: defining ``babelqueue_default`` with its type alone (so Airflow's own commands can
+    test it) keeps the embedded file."""
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    define(monkeypatch, DEFAULT_CONN_ID, {"conn_type": "babelqueue+sql"})
+    with get_hook() as hook:
+        round_trip(hook)
+        assert hook.test_connection() == (True, f"Connected to BabelQueue SQL at sqlite file {default_sqlite_path()}")
+    assert default_sqlite_path() == tmp_path / "babelqueue.sqlite" and default_sqlite_path().is_file()
+
+
 def test_sqlite_connection_with_a_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     path = tmp_path / "queues.db"
     conn_id = define(monkeypatch, "bq_sqlite", {"conn_type": "babelqueue+sql", "host": str(path)})
