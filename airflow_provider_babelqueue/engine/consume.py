@@ -164,6 +164,7 @@ def check_handler(urn: str, handler: Any) -> None:
             "give it one positional parameter (more only with defaults)"
         ) from None
 
+
 _NOT_COUNTABLE = (
     "not retried: the body cannot be re-encoded with a higher attempts count (nesting deeper than the "
     "encoder's 254 levels), so each retry would arrive as the first attempt again"

@@ -18,10 +18,10 @@ __all__ = [
     "is_unset",
     "parse_count",
     "parse_flag",
-    "parse_rendered",
     "parse_list",
     "parse_names",
     "parse_number",
+    "parse_rendered",
     "text_or_none",
 ]
 

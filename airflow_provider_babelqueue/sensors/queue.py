@@ -41,7 +41,7 @@ def _default_deferrable() -> bool:
 
 
 def _filter_of(urns: Any, jsonpath: Any) -> MessageFilter:
-    """The rendered ``urns`` / ``jsonpath`` as a filter: a list or its JSON or comma-separated text, and ``None``,
+    """The rendered ``urns`` / ``jsonpath`` as a filter: a list or its rendered or comma-separated text, and ``None``,
     ``""`` or ``"None"`` (an unset ``params`` entry) for "no restriction". ``ValueError`` names an invalid
     pattern or JSONPath."""
     return message_filter(parse_list(urns, "urns") or None, None if is_unset(jsonpath) else jsonpath)
@@ -302,6 +302,11 @@ class BabelQueueDeadLetterSensor(_BabelQueueSensor):
             return baseline
         if not self.new_only:
             return None
+        if self.mode == "reschedule" and not self.deferrable:  # the template rendered as unset
+            raise ValueError(
+                f"baseline rendered to {self.baseline!r}; new_only in reschedule mode needs a baseline kept between "
+                "pokes: give the param a value, or use poke or deferrable mode"
+            )
         if self._start_depth is None:
             self._start_depth = self.binding.dead_letter_depth(self.queue_name)
             gauge_dlq_depth(self.babelqueue_conn_id, self.queue_name, self._start_depth)

@@ -138,6 +138,14 @@ def test_rendered_threshold_and_baseline() -> None:
             assert sensor.poke({}).is_done is done, baseline
         finally:
             sensor._close()
+    rescheduled = BabelQueueDeadLetterSensor(task_id="r", queue_name=queue, new_only=True, mode="reschedule",
+                                             baseline="{{ params.baseline }}", deferrable=False)
+    rescheduled.baseline = "None"  # as rendered for an unset param
+    try:
+        with pytest.raises(ValueError, match="baseline rendered to 'None'; new_only in reschedule mode needs"):
+            rescheduled.poke({})
+    finally:
+        rescheduled._close()
 
 
 def test_new_only_in_reschedule_mode_needs_a_baseline() -> None:
