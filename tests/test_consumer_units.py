@@ -240,6 +240,8 @@ def _generator(envelope: dict[str, Any]) -> Any:
         (_AsyncCallable(), r"handler for 'urn:x' \(_AsyncCallable\) is a coroutine function"),
         ("not callable", r"handler for 'urn:x' must be callable, got 'not callable'"),
         (_generator, r"handler for 'urn:x' \(_generator\) is a generator function; .* would never run"),
+        ({"urn:babel:orders:*": _Callable()}, r"handler key 'urn:babel:orders:\*' looks like a pattern, .*\(urns="),
+        ({"": _Callable()}, r"a handler's key must be the URN it handles, got ''"),
     ],
 )
 def test_a_handler_that_could_never_handle_a_message_is_refused_before_any_is_taken(handler: Any,
@@ -248,7 +250,7 @@ def test_a_handler_that_could_never_handle_a_message_is_refused_before_any_is_ta
     body = bq.encode(bq.make_envelope("urn:x", {}))
     binding.publish(body, "orders")
     with pytest.raises(ValueError, match=message):
-        Consumer(binding, "orders", {"urn:x": handler})
+        Consumer(binding, "orders", handler if isinstance(handler, dict) else {"urn:x": handler})
     assert binding.depth("orders") == 1
     taken = binding.reserve("orders", timeout=0)
     assert taken is not None and taken.body == body  # never reserved: the attempts are still 0

@@ -141,8 +141,20 @@ def check_handler(urn: str, handler: Any) -> None:
     an ``async def`` handler (or a generator function) would return an un-run coroutine (or generator), and its
     messages would be acked with nothing done.
 
+    A key that looks like a pattern (``urn:babel:orders:*``) is refused too: handlers are found by the exact URN,
+    so such a key would match nothing and every message would be handled as an unknown URN (dead-lettered by
+    default).
+
     :raises ValueError: naming the URN, the handler and what to change.
     """
+    if not isinstance(urn, str) or not urn.strip():
+        raise ValueError(f"a handler's key must be the URN it handles, got {urn!r}")
+    if any(char in urn for char in "*?["):
+        raise ValueError(
+            f"handler key {urn!r} looks like a pattern, but handlers are found by the exact URN: it would match no "
+            "message. Give one handler per URN, and take only matching messages with a filter (urns=[...] on the "
+            "consume operator)"
+        )
     if not callable(handler):
         raise ValueError(f"handler for {urn!r} must be callable, got {handler!r}")
     name = getattr(handler, "__qualname__", None) or type(handler).__qualname__
