@@ -117,6 +117,7 @@ __all__ = [
     "UnknownUrnStrategy",
     "body_limit_error",
     "check_handler",
+    "check_handler_key",
     "check_limit",
     "exception_name",
     "nesting_depth",
@@ -133,19 +134,12 @@ _NEVER_RUN: tuple[tuple[str, Callable[[Any], bool]], ...] = (
 )
 
 
-def check_handler(urn: str, handler: Any) -> None:
-    """Refuse a handler that could never handle a message, before any message is taken.
+def check_handler_key(urn: Any) -> None:
+    """Refuse a handler key no message can have: blank, or a pattern (``urn:babel:orders:*``). Handlers are found
+    by the exact URN, so such a key would match nothing and every message would be handled as an unknown URN
+    (dead-lettered by default).
 
-    Called with the envelope alone, a handler whose signature needs more (``def handle(envelope, context)``)
-    would raise on every message, and every message would end as a ``failed`` dead letter after its attempts;
-    an ``async def`` handler (or a generator function) would return an un-run coroutine (or generator), and its
-    messages would be acked with nothing done.
-
-    A key that looks like a pattern (``urn:babel:orders:*``) is refused too: handlers are found by the exact URN,
-    so such a key would match nothing and every message would be handled as an unknown URN (dead-lettered by
-    default).
-
-    :raises ValueError: naming the URN, the handler and what to change.
+    :raises ValueError: naming the key and what to give instead.
     """
     if not isinstance(urn, str) or not urn.strip():
         raise ValueError(f"a handler's key must be the URN it handles, got {urn!r}")
@@ -155,6 +149,21 @@ def check_handler(urn: str, handler: Any) -> None:
             "message. Give one handler per URN, and take only matching messages with a filter (urns=[...] on the "
             "consume operator)"
         )
+
+
+def check_handler(urn: str, handler: Any) -> None:
+    """Refuse a handler that could never handle a message, before any message is taken.
+
+    Called with the envelope alone, a handler whose signature needs more (``def handle(envelope, context)``)
+    would raise on every message, and every message would end as a ``failed`` dead letter after its attempts;
+    an ``async def`` handler (or a generator function) would return an un-run coroutine (or generator), and its
+    messages would be acked with nothing done.
+
+    Its key is checked by :func:`check_handler_key`.
+
+    :raises ValueError: naming the URN, the handler and what to change.
+    """
+    check_handler_key(urn)
     if not callable(handler):
         raise ValueError(f"handler for {urn!r} must be callable, got {handler!r}")
     name = getattr(handler, "__qualname__", None) or type(handler).__qualname__

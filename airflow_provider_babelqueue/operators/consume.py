@@ -19,6 +19,8 @@ from ..engine.consume import (
     Backoff,
     Consumer,
     UnknownUrnStrategy,
+    check_handler,
+    check_handler_key,
     check_limit,
 )
 from ..engine.filters import MessageFilter, message_filter
@@ -197,6 +199,11 @@ class BabelQueueConsumeOperator(BaseOperator):
             _bounds_of(max_messages, max_seconds, stop_when_empty)  # checked again once rendered, in execute
         self.babelqueue_conn_id = babelqueue_conn_id
         self.queue_name = queue_name
+        for urn, target in handlers.items():  # what can be checked when the DAG is parsed (paths import later)
+            if callable(target):
+                check_handler(urn, target)
+            else:
+                check_handler_key(urn)
         self.handlers = dict(handlers)
         self.max_messages = max_messages
         self.max_seconds = max_seconds

@@ -436,3 +436,13 @@ def test_what_is_known_only_at_run_time_is_not_checked_at_parse_time() -> None:
     assert [is_template(v) for v in ("{{ x }}", "x", 3, None, True, ["a", "{{ y }}"], ["a"], {"a": 1}, b"{{")] == [
         True, False, False, False, False, True, False, False, False]
     assert is_template(object())  # an XComArg, a MappedArgument: resolved at run time
+
+
+def test_handlers_that_can_be_checked_fail_the_dag_at_parse_time() -> None:
+    """A key that looks like a pattern, or a callable that cannot take the envelope, fails where the DAG is
+    defined; a dotted path is imported (and checked) when the task runs."""
+    with pytest.raises(ValueError, match=r"handler key 'urn:babel:orders:\*' looks like a pattern"):
+        BabelQueueConsumeOperator(task_id="c", queue_name="q", handlers={"urn:babel:orders:*": "x.y"})
+    with pytest.raises(ValueError, match=r"handler for 'urn:x' \(with_context\(envelope.*'None'\) cannot be called"):
+        BabelQueueConsumeOperator(task_id="c", queue_name="q", handlers={"urn:x": handlers.with_context})
+    BabelQueueConsumeOperator(task_id="c", queue_name="q", handlers={"urn:x": "tests.operators.handlers.with_context"})
