@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,7 +39,7 @@ def is_template(value: Any) -> bool:
     time (not plain data), or a list holding one."""
     if isinstance(value, str):
         return "{{" in value
-    if value is None or isinstance(value, bool | int | float | bytes):
+    if value is None or isinstance(value, bool | int | float | bytes | os.PathLike):
         return False
     if isinstance(value, list | tuple | set | frozenset):
         return any(is_template(item) for item in value)

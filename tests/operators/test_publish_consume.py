@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import uuid
+from pathlib import Path
 
 import pytest
 from airflow.sdk import DAG
@@ -436,6 +437,7 @@ def test_what_is_known_only_at_run_time_is_not_checked_at_parse_time() -> None:
     assert [is_template(v) for v in ("{{ x }}", "x", 3, None, True, ["a", "{{ y }}"], ["a"], {"a": 1}, b"{{")] == [
         True, False, False, False, False, True, False, False, False]
     assert is_template(object())  # an XComArg, a MappedArgument: resolved at run time
+    assert not is_template(Path("/data/replay"))
 
 
 def test_handlers_that_can_be_checked_fail_the_dag_at_parse_time() -> None:
