@@ -141,12 +141,18 @@ class BabelQueuePublishOperator(BaseOperator):
         self.delay = delay
         self.headers = dict(headers or {})
 
-    def _bodies(self, trace_id: str | None = None) -> list[bytes]:
-        """:param trace_id: the ``trace_id`` of envelopes built here when the operator names none (the producer
+    def _items(self) -> list[Any]:
+        """What this run publishes, read once from the rendered fields: payloads (``urn``/``data``) or ready
+        envelopes."""
+        return payloads_of(self.data) if self.envelopes is None else ready_envelopes_of(self.envelopes)
+
+    def _bodies(self, items: list[Any], trace_id: str | None = None) -> list[bytes]:
+        """:param items: :meth:`_items`.
+        :param trace_id: the ``trace_id`` of envelopes built here when the operator names none (the producer
             span's trace while tracing)."""
         if self.envelopes is not None:
             bodies = []
-            for index, item in enumerate(ready_envelopes_of(self.envelopes)):
+            for index, item in enumerate(items):
                 try:
                     env = item if isinstance(item, Mapping) else bq.decode(item)
                 except EnvelopeDecodeError as exc:
@@ -164,7 +170,7 @@ class BabelQueuePublishOperator(BaseOperator):
             raise _rendered_unset("urn", urn, "give the message's URN")
         return [
             bq.encode(bq.make_envelope(urn, payload, queue_name=self.queue_name, trace_id=trace_id))
-            for payload in payloads_of(self.data)
+            for payload in items
         ]
 
     def _trace_id(self) -> str | None:
@@ -172,14 +178,17 @@ class BabelQueuePublishOperator(BaseOperator):
         as ``{{ dag_run.conf.get('trace_id') }}`` does for a run started without one."""
         return None if is_unset(self.trace_id) else self.trace_id
 
-    def _shared_trace_id(self) -> str | None:
+    def _shared_trace_id(self, items: list[Any]) -> str | None:
         """The ``trace_id`` all messages of this call continue, when they share one (the producer span then joins
         that trace); ``None`` when they start new ones or differ."""
         if self.envelopes is None:
             return self._trace_id()
         found = set()
-        for item in ready_envelopes_of(self.envelopes):
-            env = item if isinstance(item, Mapping) else bq.decode(item)
+        for item in items:
+            try:
+                env = item if isinstance(item, Mapping) else bq.decode(item)
+            except EnvelopeDecodeError:  # refused with its index by _bodies, inside the span
+                return None
             found.add(env.get("trace_id") if isinstance(env.get("trace_id"), str) else None)
         return found.pop() if len(found) == 1 else None
 
@@ -197,14 +206,15 @@ class BabelQueuePublishOperator(BaseOperator):
         try:
             binding = hook.get_binding()
             tracer = tracer_for(binding, conn_id=self.babelqueue_conn_id)
+            items = self._items()
             if tracer is None:
-                bodies = self._bodies()
+                bodies = self._bodies(items)
                 ids = _meta_ids(bodies)
                 self._send(binding, bodies, self.headers)
             else:
-                count = len(payloads_of(self.data) if self.envelopes is None else ready_envelopes_of(self.envelopes))
-                with tracer.send(self.queue_name, count, trace_id=self._shared_trace_id(), urn=self.urn) as span:
-                    bodies = self._bodies(span.trace_id)
+                shared = self._shared_trace_id(items)
+                with tracer.send(self.queue_name, len(items), trace_id=shared, urn=self.urn) as span:
+                    bodies = self._bodies(items, span.trace_id)
                     ids = _meta_ids(bodies)
                     span.message_ids(ids)
                     self._send(binding, bodies, span.headers(self.headers))  # a failure is recorded on the span
