@@ -101,8 +101,8 @@ class BabelQueueDeadLetterNotifier(BaseNotifier):
 
     :param webhook_conn_id: an ``http`` connection (templated): host = the webhook URL (or a host name, with the
         scheme in ``schema`` and a ``port``); password, if set, sent as ``Authorization: Bearer``.
-    :param queue_names: the queues whose DLQs are summarised (templated; a list, or its JSON or comma-separated
-        text).
+    :param queue_names: the queues whose DLQs are summarised (templated; a list, or its JSON, Python or
+        comma-separated text).
     :param babelqueue_conn_id: the BabelQueue connection the queues live on (templated).
     :param title: the message's first line (templated); by default it names the connection, the total and, in a
         callback, the DAG and task.

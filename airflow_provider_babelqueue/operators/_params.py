@@ -1,6 +1,6 @@
 """Rendered-template clean-up for operator parameters, in one place.
 
-A templated field arrives as whatever Jinja rendered: a list or its JSON text, ``"None"`` for an unset
+A templated field arrives as whatever Jinja rendered: a list, or its JSON or Python text, ``"None"`` for an unset
 ``params`` entry, ``""`` from a trigger form's empty box. These functions turn such values into what the
 engines take, with an error that names the parameter.
 """

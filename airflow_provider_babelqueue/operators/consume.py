@@ -137,7 +137,7 @@ class BabelQueueConsumeOperator(BaseOperator):
         consumer keep up with the broker; a worker killed mid-batch has the batch's handled messages delivered
         again (an idempotency store makes that harmless). Batches shrink by themselves while handlers are slow.
     :param urns: only take messages whose URN matches one of these shell-style patterns (``urn:babel:orders:*``;
-        templated; a list, or one pattern, or JSON-list or comma-separated text once rendered), so several DAGs
+        templated; a list, one pattern, or a list's rendered text: JSON, Python's, or comma-separated), so several DAGs
         can share a queue. A message the filter does not take is handed back unhandled (bytes and ``attempts``
         unchanged), never acked or dead-lettered; poison and invalid envelopes match no filter. ``None``: every URN.
     :param jsonpath: only take messages whose ``data`` the RFC 9535 JSONPath selects something in (templated):
