@@ -95,6 +95,7 @@ def test_distribution_metadata() -> None:
         for r in requires
     ), requires
     assert any(r.startswith("orjson") for r in requires)
+    assert any(r.startswith("msgspec") for r in requires)
     extras = set(dist.metadata.get_all("Provides-Extra") or [])
     assert {"redis", "rabbitmq", "sqs", "azure", "pulsar", "spark", "all"} <= extras
     spark = [r for r in requires if r.replace("'", '"').endswith('extra == "spark"')]

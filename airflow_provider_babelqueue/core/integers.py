@@ -1,9 +1,11 @@
 """The contract's integer range, checked on the raw bytes of a body: every integer must fit signed 64-bit.
 
 Other SDKs do not all keep to it. Node writes ``2**63 - 1`` as ``9223372036854776000`` (a double, printed
-without an exponent), and a hand-written producer can put anything in a JSON number. The fast parser cannot
-be asked afterwards: orjson keeps ``2**63`` .. ``2**64 - 1`` as ints but reads ``2**64`` and beyond (and
-everything below ``-2**63``) as floats, which then look like any other float. So the bytes are read instead.
+without an exponent), and a hand-written producer can put anything in a JSON number. orjson cannot be asked
+afterwards: it keeps ``2**63`` .. ``2**64 - 1`` as ints but reads ``2**64`` and beyond (and everything below
+``-2**63``) as floats, which then look like any other float. So wherever a body is read on orjson (``decode``'s
+orjson path, drain records, dead letters in SQL), the bytes are read instead; ``decode``'s fast path
+(:mod:`.typed_read`) has msgspec refuse such literals inside its parse.
 
 Every integer outside signed 64-bit is written with at least 19 digits (``2**63`` is ``9223372036854775808``),
 so the check is a byte-level pre-check first (a run of 19 digits anywhere, found with one ``bytes.translate``
