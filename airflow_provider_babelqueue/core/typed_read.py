@@ -13,7 +13,7 @@ error, with its message) for such a body. This reader only answers for bodies it
 gives exactly the value the orjson path gives (same keys in the same order, the last of repeated keys
 winning, same ints and floats): the tests compare the two on hostile inputs.
 
-msgspec is a declared dependency of the provider; where it is missing (a Spark executor given only the
+msgspec is a declared dependency of the provider; where it is missing (a Spark driver in cluster mode given only the
 package's zip, say), :data:`read_checked` refuses every body, and every body goes the orjson path.
 """
 
