@@ -26,6 +26,7 @@ from airflow_provider_babelqueue import envelope as bq
 from airflow_provider_babelqueue.bindings.base import BindingError
 from airflow_provider_babelqueue.bindings.message import ReceivedMessage
 from airflow_provider_babelqueue.bindings.sql import SqlBinding, SqlConfig, sqlite_url
+from airflow_provider_babelqueue.bindings.sql import engine as sql_engine
 from tests.bindings.conftest import kept
 
 POSTGRES_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
@@ -546,3 +547,109 @@ def test_a_batch_released_and_acked_on_sqlite_keeps_each_outcome(tmp_path: Path)
                                 {"soon": time.time() + 3000}).all()
         assert [(attempts, later) for attempts, _, later in rows] == [(1, 0), (1, 1)]
         assert rows[1][1] == big  # unread: released as stored, its count in the column
+
+
+@pytest.fixture
+def pg_target() -> Iterator[Target]:
+    if reason := _postgres_unavailable():
+        pytest.fail(reason)
+    chosen = Target(POSTGRES_URL)
+    yield chosen
+    chosen.cleanup()
+
+
+def _driver_autocommit(binding: SqlBinding) -> bool:
+    with binding._get_engine().connect() as conn:
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        return bool(driver.autocommit)
+
+
+def test_postgresql_settle_and_reserve_is_all_or_nothing(pg_target: Target) -> None:
+    """The previous batch's acks and the next reserve go to PostgreSQL as one query, which the server runs as one
+    transaction: when the reserve fails (here a trigger refuses every update of the table), the acks are undone
+    with it, the error says what failed, and the same call once the fault is gone settles them and reserves."""
+    binding = pg_target.make()
+    bodies = [body_for(pg_target.queue, n) for n in range(6)]
+    binding.publish_batch(bodies, pg_target.queue)
+    first = binding.settle_and_reserve(pg_target.queue, 2)
+    assert [m.body for m in first] == bodies[:2]
+    table = f'"{pg_target.table}"'
+    engine = sa.create_engine(POSTGRES_URL)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                f"CREATE FUNCTION {pg_target.table}_refuse() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN RAISE EXCEPTION 'updates refused by the test trigger'; END $$")
+            conn.exec_driver_sql(f"CREATE TRIGGER refuse BEFORE UPDATE ON {table} FOR EACH ROW "
+                                 f"EXECUTE FUNCTION {pg_target.table}_refuse()")
+        with pytest.raises(BindingError, match=r"could not settle and reserve .*updates refused by the test trigger"):
+            binding.settle_and_reserve(pg_target.queue, 2, acks=first)
+        # the DELETE of the acks ran before the failing UPDATE, and was rolled back with it
+        assert pg_target.query(f"SELECT count(*) FROM {table}") == [(6,)]
+        assert not _driver_autocommit(binding)  # the pool's connections are back in transaction mode
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP TRIGGER refuse ON {table}")
+            conn.exec_driver_sql(f"DROP FUNCTION {pg_target.table}_refuse()")
+    finally:
+        engine.dispose()
+    second = binding.settle_and_reserve(pg_target.queue, 10, acks=first)
+    assert [m.body for m in second] == bodies[2:]
+    assert pg_target.query(f"SELECT count(*) FROM {table}") == [(4,)]
+    binding.settle(second)
+    assert (binding.depth(pg_target.queue), binding.dead_letter_depth(pg_target.queue)) == (0, 0)
+    assert not _driver_autocommit(binding)
+
+
+def _backend_pid(binding: SqlBinding) -> int:
+    """The server process of the binding's pooled connection (one in the pool: the one the next batch takes)."""
+    with binding._get_engine().connect() as conn:
+        return int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+
+
+def test_a_postgresql_connection_dropped_between_batches_is_replaced_and_loses_nothing(
+        pg_target: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server ends the consumer's pooled connection between two batches (a restart, an idle killer) while the
+    pool still counts it fresh: the next settle-and-reserve fails with the hint to check the database, its acks
+    not applied; the dead connection is dropped from the pool, so the same call again goes through on a new one
+    and settles them."""
+    monkeypatch.setattr(sql_engine, "_FRESH_SECONDS", 60.0)  # no checkout ping: the batch's own query meets it
+    binding = pg_target.make()
+    bodies = [body_for(pg_target.queue, n) for n in range(5)]
+    binding.publish_batch(bodies, pg_target.queue)
+    first = binding.settle_and_reserve(pg_target.queue, 2)
+    pid = _backend_pid(binding)
+    assert pg_target.query(f"SELECT pg_terminate_backend({pid}, 5000)") == [(True,)]  # waits for it to end
+    with pytest.raises(BindingError, match="cannot reach the database"):
+        binding.settle_and_reserve(pg_target.queue, 2, acks=first)
+    assert pg_target.query(f'SELECT count(*) FROM "{pg_target.table}"') == [(5,)]
+    second = binding.settle_and_reserve(pg_target.queue, 10, acks=first)
+    assert [m.body for m in second] == bodies[2:]
+    binding.settle(second)
+    assert (binding.depth(pg_target.queue), binding.dead_letter_depth(pg_target.queue)) == (0, 0)
+    assert _backend_pid(binding) != pid
+
+
+def test_a_postgresql_connection_idle_in_the_pool_is_pinged_and_handed_out_idle(
+        pg_target: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pooled connection that sat idle is pinged at checkout: a dead one is replaced without a failed batch, and
+    a live one is handed out outside a transaction (the ping's own is ended), which the batch query's autocommit
+    switch needs."""
+    import psycopg2.extensions
+
+    monkeypatch.setattr(sql_engine, "_FRESH_SECONDS", 0.0)  # every checkout pings
+    binding = pg_target.make()
+    bodies = [body_for(pg_target.queue, n) for n in range(4)]
+    binding.publish_batch(bodies, pg_target.queue)
+    first = binding.settle_and_reserve(pg_target.queue, 2)
+    with binding._get_engine().connect() as conn:
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        assert driver.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_IDLE
+    pid = _backend_pid(binding)
+    assert pg_target.query(f"SELECT pg_terminate_backend({pid}, 5000)") == [(True,)]
+    second = binding.settle_and_reserve(pg_target.queue, 10, acks=first)  # no error: replaced at checkout
+    assert [m.body for m in second] == bodies[2:]
+    binding.settle(second)
+    assert (binding.depth(pg_target.queue), binding.dead_letter_depth(pg_target.queue)) == (0, 0)
+    assert _backend_pid(binding) != pid

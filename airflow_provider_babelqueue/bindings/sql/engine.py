@@ -41,6 +41,9 @@ def ping_if_idle(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
             cursor.execute("SELECT 1")
         finally:
             cursor.close()
+        # the driver opened a transaction for the ping: end it, so the connection is handed out idle, as the pool
+        # had it (a connection about to be switched to autocommit must not be inside a transaction)
+        dbapi_connection.rollback()
     except Exception as exc:  # noqa: BLE001 - any failure means: not usable, get another
         raise sa.exc.DisconnectionError(f"the pooled connection failed its ping: {exc}") from exc
 
