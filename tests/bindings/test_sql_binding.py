@@ -30,6 +30,7 @@ from airflow_provider_babelqueue.bindings.sql import engine as sql_engine
 from tests.bindings.conftest import kept
 
 POSTGRES_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
+PSYCOPG3_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 INVALID_UTF8 = [b"\xff\xfe{\"job\": \x00 not json \x80\xc3(", bytes(range(256)), b"\xed\xa0\x80 lone surrogate"]
 _pg_error: list[str] = []
 
@@ -81,12 +82,13 @@ class Target:
         engine.dispose()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", "postgresql", "psycopg3"])
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
-    if request.param == "postgresql":
+    if request.param != "sqlite":
         if reason := _postgres_unavailable():
             pytest.fail(reason)
-        chosen = Target(POSTGRES_URL)
+        # psycopg 3 binds parameters on the server, where a query with parameters holds one statement
+        chosen = Target(POSTGRES_URL if request.param == "postgresql" else PSYCOPG3_URL)
     else:
         chosen = Target(sqlite_url(tmp_path / "queue.sqlite"))
     yield chosen
@@ -653,3 +655,31 @@ def test_a_postgresql_connection_idle_in_the_pool_is_pinged_and_handed_out_idle(
     binding.settle(second)
     assert (binding.depth(pg_target.queue), binding.dead_letter_depth(pg_target.queue)) == (0, 0)
     assert _backend_pid(binding) != pid
+
+
+def test_a_consumer_run_settles_each_outcome_on_every_driver(target: Target) -> None:
+    """A run over batches holding handled, retried-then-failed and unknown-URN messages, on each driver (the
+    psycopg 3 path settles and reserves in separate statements): every message ends as its handler decided."""
+    from airflow_provider_babelqueue.engine.consume import Backoff, Consumer
+
+    binding = target.make()
+    bodies = [body_for(target.queue, n) for n in range(12)]
+    stray = bq.encode(bq.make_envelope("urn:babel:orders:unknown", {"n": 99}, queue_name=target.queue))
+    binding.publish_batch([*bodies, stray], target.queue)
+
+    def handle(envelope: dict[str, Any]) -> None:
+        if envelope["data"]["n"] % 4 == 0:
+            raise RuntimeError(f"order {envelope['data']['n']} refused")
+
+    consumer = Consumer(binding, target.queue, {"urn:babel:orders:created": handle}, max_attempts=2,
+                        backoff=Backoff("fixed", 0), batch_size=5)
+    summary = consumer.run(reserve_timeout=0.5)
+    assert (summary.handled, summary.retried) == (9, 3)
+    assert dict(summary.dead_lettered) == {"failed": 3, "unknown_urn": 1}
+    assert (binding.depth(target.queue), binding.dead_letter_depth(target.queue)) == (0, 4)
+    dead = binding.reserve_dead_letters(target.queue, 10)
+    envelopes = [m.envelope for m in dead]
+    assert all(envelope is not None for envelope in envelopes)
+    failed = sorted(e["data"]["n"] for e in envelopes if e is not None and e["dead_letter"]["reason"] == "failed")
+    assert failed == [0, 4, 8]
+    assert {e["dead_letter"]["attempts"] for e in envelopes if e is not None and e["data"]["n"] != 99} == {2}

@@ -79,6 +79,13 @@ def _pg_array(values: Iterable[int | float]) -> str:
     return "{" + ",".join(map(repr, values)) + "}"
 
 
+def _sends_ahead(dialect: sa.Dialect) -> bool:
+    """Whether statements can travel ahead of a statement with parameters in one query: PostgreSQL on psycopg2,
+    which puts the parameters into the text and sends it as one simple query. psycopg 3 (``postgresql+psycopg``)
+    binds them on the server, where a query with parameters holds one statement: there each goes on its own."""
+    return dialect.name == "postgresql" and dialect.driver == "psycopg2"
+
+
 def _driver(conn: Connection) -> sqlite3.Connection:
     """The SQLite driver's connection under ``conn``: the consumer's per-batch statements run on it."""
     driver = conn.connection.driver_connection
@@ -342,6 +349,8 @@ class SqlBinding(Binding):
                 driver.execute(f"UPDATE {self._quoted(table)} SET reserved_at = ? WHERE id IN "
                                f"({','.join('?' * len(chunk))})", (token, *chunk))
         else:
+            if conn.dialect.name == "postgresql" and not _sends_ahead(conn.dialect):
+                conn.exec_driver_sql(_ORDERED_SCAN)  # its own statement: see _sends_ahead
             result = conn.exec_driver_sql(sql, params)
             if dead:
                 rows = list(result.all())  # read by name (see _message)
@@ -442,7 +451,7 @@ class SqlBinding(Binding):
                              .limit(sa.bindparam("bq_limit")))
             compiled = statement.compile(dialect=dialect)
             sql = compiled.string
-            if dialect.name == "postgresql":
+            if _sends_ahead(dialect):
                 sql = f"{_ORDERED_SCAN}; {sql}"  # one round trip: the driver returns the last statement's rows
             names = tuple(compiled.positiontup) if compiled.positional and compiled.positiontup else None
             fixed = {name: value for name, value in compiled.params.items() if not name.startswith("bq_")}
@@ -657,10 +666,9 @@ class SqlBinding(Binding):
         """PostgreSQL on psycopg2: the usual end of a batch (ready-table reservations of one token, each body read)
         as statements to send with the next reserve, in one round trip (:meth:`_at_once`): the releases as one
         UPDATE from arrays, the acks as one DELETE, both gated on the token. ``None``: settle the general way
-        (:meth:`_settle_in`), as for another driver, which may bind parameters on the server, where a statement
-        with parameters is one statement."""
+        (:meth:`_settle_in`), as on another driver (:func:`_sends_ahead`)."""
         messages = [*acks, *(message for message, _ in releases)]
-        if (dialect.name != "postgresql" or dialect.driver != "psycopg2" or len(messages) > _BATCH_CHUNK
+        if (not _sends_ahead(dialect) or len(messages) > _BATCH_CHUNK
                 or any(m.from_dead_letter or m.stored_size is not None for m in messages)):
             return None
         tokens = {self._receipt(message).token for message in messages}
