@@ -188,6 +188,27 @@ def test_pip_check_passes(installed: Installed) -> None:
     assert done.returncode == 0, f"pip check found broken requirements:\n{done.stdout}{done.stderr}"
 
 
+def test_the_envelope_decoder_reads_with_msgspec_in_the_install(installed: Installed) -> None:
+    """A plain pip install brings msgspec (a declared dependency) and ``decode`` reads with its typed reader, not
+    with the slower orjson path kept for an environment without it; a 2**63 integer is still refused there."""
+    found = installed.probe(
+        "import json, msgspec\n"
+        "from airflow_provider_babelqueue.core import typed_read\n"
+        "from airflow_provider_babelqueue import envelope as bq\n"
+        "typed = typed_read.read_checked is not typed_read._unavailable\n"
+        "try:\n"
+        "    bq.decode(b'{\"n\": 9223372036854775808}')\n"
+        "    refused = ''\n"
+        "except bq.EnvelopeDecodeError as exc:\n"
+        "    refused = str(exc)\n"
+        "print(json.dumps([typed, typed_read.read_checked(b'{\"a\": [1, {\"b\": null}]}'), bool(msgspec.__version__),"
+        " refused]))")
+    assert isinstance(found, list)
+    typed, read, versioned, refused = found
+    assert (typed, read, versioned) == (True, {"a": [1, {"b": None}]}, True)
+    assert "64-bit" in refused, refused
+
+
 def test_the_console_page_is_served_from_the_installed_files(installed: Installed) -> None:
     """The console's page has no build step: the wheel carries ``plugins/static`` as committed, byte for byte
     (a stale or missing file in the wheel fails here), and the installed plugin mounts the console's routes."""
