@@ -683,3 +683,24 @@ def test_a_consumer_run_settles_each_outcome_on_every_driver(target: Target) -> 
     failed = sorted(e["data"]["n"] for e in envelopes if e is not None and e["dead_letter"]["reason"] == "failed")
     assert failed == [0, 4, 8]
     assert {e["dead_letter"]["attempts"] for e in envelopes if e is not None and e["data"]["n"] != 99} == {2}
+
+
+def test_a_postgresql_batch_query_that_fails_outside_the_driver_drops_its_connection(pg_target: Target) -> None:
+    """The batch query switches its connection to autocommit for one call: when the call fails with an error that
+    is not the driver's (here a parameter whose adaptation raises), the connection is dropped from the pool, not
+    returned in autocommit, where SQLAlchemy's later transactions would run a statement at a time."""
+
+    class Refuses:
+        def __conform__(self, _protocol: object) -> None:  # psycopg2 asks a value it has no adapter for
+            raise RuntimeError("this value refuses to be sent")
+
+    binding = pg_target.make()
+    body = body_for(pg_target.queue)
+    binding.publish_batch([body], pg_target.queue)
+    before = _backend_pid(binding)
+    with pytest.raises(RuntimeError, match="refuses to be sent"):
+        binding._at_once("SELECT %(value)s", {"value": Refuses()})
+    assert not _driver_autocommit(binding)
+    assert _backend_pid(binding) != before
+    taken = binding.reserve_many(pg_target.queue, 10)
+    assert [m.body for m in taken] == [body]

@@ -396,22 +396,24 @@ class SqlBinding(Binding):
         ``SET LOCAL`` lasts until its end), so it takes one round trip where an explicit transaction takes three
         (``BEGIN``, the statements, ``COMMIT``), on the driver's own cursor rather than SQLAlchemy's execution
         path: a consumer's settle-and-reserve, once per batch. The connection is in autocommit for the call, then
-        back; one an error came through is dropped from the pool rather than checked for what it is worth."""
+        back. A call that fails in any way drops its connection from the pool: its state is then unknown, and a
+        connection left in autocommit would run SQLAlchemy's later transactions a statement at a time."""
         engine = self._get_engine()
         with engine.connect() as conn:
             driver = conn.connection.driver_connection
             assert driver is not None  # a connection just checked out has its driver's
-            driver.autocommit = True
             try:
+                driver.autocommit = True
                 with driver.cursor() as cursor:
                     cursor.execute(sql, params)
                     rows: list[Any] = cursor.fetchall()
-            except engine.dialect.loaded_dbapi.Error as exc:
-                conn.invalidate(exc)
-                raise sa.exc.DBAPIError.instance(sql, params, exc, engine.dialect.loaded_dbapi.Error) from exc
-            finally:
-                if not conn.invalidated:
-                    driver.autocommit = False
+                driver.autocommit = False
+            except BaseException as exc:
+                conn.invalidate()
+                errors = engine.dialect.loaded_dbapi.Error
+                if isinstance(exc, errors):  # worded by _guard as SQLAlchemy's own statements' errors are
+                    raise sa.exc.DBAPIError.instance(sql, params, exc, errors) from exc
+                raise
         rows.sort(key=_BY_AVAILABLE_AT)  # RETURNING has no order
         return rows
 
