@@ -6,6 +6,7 @@ no duplicate. The rates are printed, never asserted (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,3 +42,22 @@ def test_each_broker_is_measured_in_rounds_and_every_message_is_handled_once(
             assert row.ours and row.base and row.goal == bench.GOALS[label]
         assert rows[(kind, "k=1 consumers, total (dups 0)")].ours
         assert rows[(kind, "k=2 consumers, total (dups 0)")].base  # against k = 1
+
+
+def test_each_sqlite_measurement_gets_a_database_file_of_its_own() -> None:
+    """Raw and ours meet the same conditions: a new file each, not one that earlier measurements grew."""
+    bench = _bench()
+    broker = bench.SqliteBroker()
+    try:
+        data = bench.bodies(50)
+        before = set()
+        for measure in (lambda: broker.raw(data), lambda: bench.ours(broker, data, False),
+                        lambda: broker.raw(data)):
+            measure()
+            files = {path.name for path in Path(broker.tmp.name).glob("*.sqlite")}
+            assert len(files - before) == 1, (before, files)
+            before = files
+        first, second = broker.fresh()[0]["url"], broker.fresh()[0]["url"]
+        assert first != second
+    finally:
+        broker.cleanup()
