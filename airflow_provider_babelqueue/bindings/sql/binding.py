@@ -26,7 +26,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from operator import itemgetter
 from pathlib import Path
@@ -44,6 +44,7 @@ from ..message import ReceivedMessage, parse_body, received_message
 from . import dead_letters
 from .config import SqlConfig
 from .engine import create_engine, mark_returned, ping_if_idle, sqlite_wal
+from .postgres import ORDERED_SCAN, run_at_once, sends_ahead, settle_statements
 from .schema import build_tables, column_text, create_tables_racing, dead_letter_table
 
 __all__ = ["SqlBinding"]
@@ -55,13 +56,6 @@ if TYPE_CHECKING:
 _BATCH_CHUNK = 500
 
 
-#: PostgreSQL, for the reserve's transaction only: read the rows in the queue index's order. A queue table's
-#: statistics lag its churn (a burst lands in a table analysed when it was empty), and with a few estimated rows the
-#: planner prefers a bitmap scan and a sort of every ready row, payloads included, to take the first ``limit``: 20 ms
-#: a batch at 14,000 ready rows, against 0.3 ms for the index scan the reserve's ORDER BY is built for.
-_ORDERED_SCAN = "SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off"
-
-
 #: Sort keys of a reserve's rows, whose last columns are ``available_at`` (ready rows only) and ``id``.
 _BY_AVAILABLE_AT, _BY_ID = itemgetter(-2, -1), itemgetter(-1)
 #: Where a ready-table reserve's row holds the stored size (with a decode limit): before available_at and id.
@@ -70,20 +64,6 @@ _STORED_SIZE = -3
 _new_receipt = tuple.__new__
 #: The headers of every message of the table: the layout has no column for them (shared, read-only).
 _NO_HEADERS: Mapping[str, Any] = MappingProxyType({})
-
-
-def _pg_array(values: Iterable[int | float]) -> str:
-    """A PostgreSQL array literal (``{1,2,3}``) of numbers, for a ``%(name)s::bigint[]`` parameter: psycopg2
-    adapts a Python list element by element (about 1.5 µs per number, 0.2 ms per batch of 100 ids), a string in
-    one step. ``repr`` of a float is the shortest text that reads back as the same double."""
-    return "{" + ",".join(map(repr, values)) + "}"
-
-
-def _sends_ahead(dialect: sa.Dialect) -> bool:
-    """Whether statements can travel ahead of a statement with parameters in one query: PostgreSQL on psycopg2,
-    which puts the parameters into the text and sends it as one simple query. psycopg 3 (``postgresql+psycopg``)
-    binds them on the server, where a query with parameters holds one statement: there each goes on its own."""
-    return dialect.name == "postgresql" and dialect.driver == "psycopg2"
 
 
 def _driver(conn: Connection) -> sqlite3.Connection:
@@ -349,8 +329,8 @@ class SqlBinding(Binding):
                 driver.execute(f"UPDATE {self._quoted(table)} SET reserved_at = ? WHERE id IN "
                                f"({','.join('?' * len(chunk))})", (token, *chunk))
         else:
-            if conn.dialect.name == "postgresql" and not _sends_ahead(conn.dialect):
-                conn.exec_driver_sql(_ORDERED_SCAN)  # its own statement: see _sends_ahead
+            if conn.dialect.name == "postgresql" and not sends_ahead(conn.dialect):
+                conn.exec_driver_sql(ORDERED_SCAN)  # its own statement: see postgres.sends_ahead
             result = conn.exec_driver_sql(sql, params)
             if dead:
                 rows = list(result.all())  # read by name (see _message)
@@ -391,29 +371,9 @@ class SqlBinding(Binding):
         return [self._message(row, queue_name, dead, _Receipt(row[-1], token, extra), table.name) for row in rows]
 
     def _at_once(self, sql: str, params: dict[str, Any]) -> list[Any]:
-        """PostgreSQL on psycopg2: run ``sql`` (several statements) as one simple query and return the last one's
-        rows. The server runs such a query as one implicit transaction (all of it or, on an error, none of it;
-        ``SET LOCAL`` lasts until its end), so it takes one round trip where an explicit transaction takes three
-        (``BEGIN``, the statements, ``COMMIT``), on the driver's own cursor rather than SQLAlchemy's execution
-        path: a consumer's settle-and-reserve, once per batch. The connection is in autocommit for the call, then
-        back. A call that fails in any way drops its connection from the pool: its state is then unknown, and a
-        connection left in autocommit would run SQLAlchemy's later transactions a statement at a time."""
-        engine = self._get_engine()
-        with engine.connect() as conn:
-            driver = conn.connection.driver_connection
-            assert driver is not None  # a connection just checked out has its driver's
-            try:
-                driver.autocommit = True
-                with driver.cursor() as cursor:
-                    cursor.execute(sql, params)
-                    rows: list[Any] = cursor.fetchall()
-                driver.autocommit = False
-            except BaseException as exc:
-                conn.invalidate()
-                errors = engine.dialect.loaded_dbapi.Error
-                if isinstance(exc, errors):  # worded by _guard as SQLAlchemy's own statements' errors are
-                    raise sa.exc.DBAPIError.instance(sql, params, exc, errors) from exc
-                raise
+        """PostgreSQL on psycopg2: ``sql`` (a settlement and the next reserve) as one query, in one round trip
+        (:func:`.postgres.run_at_once`), its rows in the reserve's order."""
+        rows = run_at_once(self._get_engine(), sql, params)
         rows.sort(key=_BY_AVAILABLE_AT)  # RETURNING has no order
         return rows
 
@@ -453,8 +413,8 @@ class SqlBinding(Binding):
                              .limit(sa.bindparam("bq_limit")))
             compiled = statement.compile(dialect=dialect)
             sql = compiled.string
-            if _sends_ahead(dialect):
-                sql = f"{_ORDERED_SCAN}; {sql}"  # one round trip: the driver returns the last statement's rows
+            if sends_ahead(dialect):
+                sql = f"{ORDERED_SCAN}; {sql}"  # one round trip: the driver returns the last statement's rows
             names = tuple(compiled.positiontup) if compiled.positional and compiled.positiontup else None
             fixed = {name: value for name, value in compiled.params.items() if not name.startswith("bq_")}
             cached = self._statements[key] = (sql, names, fixed)
@@ -666,31 +626,19 @@ class SqlBinding(Binding):
     def _settle_prefix(self, dialect: sa.Dialect, acks: Sequence[ReceivedMessage],
                        releases: Sequence[tuple[ReceivedMessage, float]]) -> tuple[str, dict[str, Any]] | None:
         """PostgreSQL on psycopg2: the usual end of a batch (ready-table reservations of one token, each body read)
-        as statements to send with the next reserve, in one round trip (:meth:`_at_once`): the releases as one
-        UPDATE from arrays, the acks as one DELETE, both gated on the token. ``None``: settle the general way
-        (:meth:`_settle_in`), as on another driver (:func:`_sends_ahead`)."""
+        as statements to send with the next reserve (:func:`.postgres.settle_statements`). ``None``: settle the
+        general way (:meth:`_settle_in`), as on another driver (:func:`.postgres.sends_ahead`)."""
         messages = [*acks, *(message for message, _ in releases)]
-        if (not _sends_ahead(dialect) or len(messages) > _BATCH_CHUNK
+        if (not sends_ahead(dialect) or len(messages) > _BATCH_CHUNK
                 or any(m.from_dead_letter or m.stored_size is not None for m in messages)):
             return None
         tokens = {self._receipt(message).token for message in messages}
         if len(tokens) != 1:
             return None
-        table, sql = self._quoted(self._ready), ""
-        values: dict[str, Any] = {"bq_old": tokens.pop()}
-        if releases:
-            now = time.time()
-            sql += (f"UPDATE {table} SET payload = v.payload, attempts = {table}.attempts + 1, reserved_at = NULL, "
-                    f"available_at = v.available_at FROM (SELECT unnest(%(bq_rids)s::bigint[]) AS id, "
-                    f"unnest(%(bq_payloads)s::bytea[]) AS payload, unnest(%(bq_due)s::float8[]) AS available_at) "
-                    f"AS v WHERE {table}.id = v.id AND {table}.reserved_at = %(bq_old)s; ")
-            values.update(bq_rids=_pg_array([self._receipt(m).row_id for m, _ in releases]),
-                          bq_payloads=[bumped_body(m) for m, _ in releases],
-                          bq_due=_pg_array([now + max(delay, 0) for _, delay in releases]))
-        if acks:
-            sql += f"DELETE FROM {table} WHERE reserved_at = %(bq_old)s AND id = ANY(%(bq_ids)s::bigint[]); "
-            values["bq_ids"] = _pg_array([self._receipt(message).row_id for message in acks])
-        return sql, values
+        now = time.time()
+        return settle_statements(
+            self._quoted(self._ready), tokens.pop(), [self._receipt(message).row_id for message in acks],
+            [(self._receipt(m).row_id, bumped_body(m), now + max(delay, 0)) for m, delay in releases])
 
     def _quoted(self, table: sa.Table) -> str:
         return str(self._get_engine().dialect.identifier_preparer.quote(table.name))
