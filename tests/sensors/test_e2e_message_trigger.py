@@ -253,14 +253,14 @@ def test_a_failed_run_hands_its_message_back_and_a_new_run_takes_it(tmp_path: Pa
                 assert time.monotonic() < deadline, airflow.tails()
                 airflow.check_alive()
                 time.sleep(1)
-            ids: dict[str, list[str]] = {}
-            for broker, binding in bindings.items():
-                envelopes = [bq.make_envelope("urn:babel:orders:created", {"n": n, "fail_once": n == 1},
-                                              queue_name=queues[broker]) for n in range(3)]
-                for envelope in envelopes:  # one at a time: each makes its own run
+            ids: dict[str, list[str]] = {broker: [] for broker in bindings}
+            for n in range(3):  # one message per broker at a time: each makes its own run of its broker's DAG
+                for broker, binding in bindings.items():
+                    envelope = bq.make_envelope("urn:babel:orders:created", {"n": n, "fail_once": n == 1},
+                                                queue_name=queues[broker])
                     binding.publish(bq.encode(envelope), queues[broker])
-                    time.sleep(4)
-                ids[broker] = [e["meta"]["id"] for e in envelopes]
+                    ids[broker].append(envelope["meta"]["id"])
+                time.sleep(4)
             deadline, ticks = time.monotonic() + 300, {broker: set() for broker in specs}
             while time.monotonic() < deadline:
                 airflow.check_alive()
